@@ -1,0 +1,150 @@
+/*
+ * backend.h - the op table every compute backend implements.
+ *
+ * The model code (daemon/engine/qwen3.c, ...) is written once against this table; the
+ * CPU backend (kernels/cpu, fp32, threaded) is the numerical reference and the CUDA
+ * backend (kernels/cuda) the product. Every op has one contract, stated here, that both
+ * implement; tests compare them op by op.
+ *
+ * Memory: every pointer passed to an op is backend memory from buf_alloc (host memory
+ * for the CPU backend, device memory for CUDA). Activations ("act") are in the
+ * backend's act_dtype (f32 on the CPU; f16 on CUDA); the residual stream and logits are
+ * always f32. Ops are asynchronous on backends that can be (CUDA: one stream per
+ * backend); sync() waits. Ops never allocate. Not thread-safe: one backend, one caller.
+ *
+ * Non-goals: autograd, general tensors. Shapes are spelt out in each signature.
+ */
+#ifndef SM70_KERNELS_BACKEND_H
+#define SM70_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"
+#include "common/err.h"
+
+/* A 2-D weight matrix [rows, cols], row-major, in backend memory. y = x W^T multiplies
+ * by it. dtype is f32, f16 or bf16 (the CPU reads all three; CUDA holds f16). */
+struct sm70_weight {
+	enum sm70_dtype dtype;
+	int rows;
+	int cols;
+	void *data;
+};
+
+/* One layer's paged KV cache: n_blocks blocks of block_size tokens; within a block,
+ * token-major then head then dim: k[((blk * block_size + off) * n_kv_heads + h) * head_dim
+ * + d]. A "slot" is blk * block_size + off. dtype f32 or f16 (CPU), f16 or f8e4m3
+ * (CUDA); FP8 values are stored as x / scale. */
+struct sm70_kv_layer {
+	void *k;
+	void *v;
+	float k_scale;
+	float v_scale;
+};
+
+struct sm70_kv_layout {
+	enum sm70_dtype dtype;
+	int n_blocks;
+	int block_size;
+	int n_kv_heads;
+	int head_dim;
+};
+
+/*
+ * What one forward step computes, flattened to tokens. Token t belongs to sequence
+ * tok_seq[t], sits at position tok_pos[t] and writes its K/V into cache slot tok_slot[t].
+ * It attends to positions 0..tok_pos[t] of its sequence, found through that sequence's
+ * row of block_tables ([n_seqs][max_blocks]). All arrays are backend memory.
+ */
+struct sm70_batch {
+	int n_tokens;
+	int n_seqs;
+	int max_blocks;
+	int max_pos; /* largest tok_pos + 1 in this batch (bounds attention scratch) */
+	const int32_t *tok_ids;
+	const int32_t *tok_pos;
+	const int32_t *tok_seq;
+	const int32_t *tok_slot;
+	const int32_t *block_tables;
+	int n_out;             /* rows whose logits are wanted */
+	const int32_t *out_rows; /* [n_out] token indices */
+};
+
+struct sm70_backend;
+
+struct sm70_backend_ops {
+	/* memory */
+	void *(*buf_alloc)(struct sm70_backend *be, size_t bytes);
+	void (*buf_free)(struct sm70_backend *be, void *p);
+	int (*upload)(struct sm70_backend *be, void *dst, const void *src, size_t bytes);
+	int (*download)(struct sm70_backend *be, void *dst, const void *src, size_t bytes);
+	int (*sync)(struct sm70_backend *be);
+	void (*destroy)(struct sm70_backend *be);
+
+	/* x[i, :] = table[ids[i], :] as act, i < n. table is [vocab, dim]. */
+	void (*embed)(struct sm70_backend *be, void *x, const struct sm70_weight *table,
+		      const int32_t *ids, int n);
+
+	/* resid (f32, [n, dim]) += delta (act) when delta is non-NULL; then
+	 * y (act) = resid * rsqrt(mean(resid^2) + eps) * w, w f32 [dim]. */
+	void (*add_rmsnorm)(struct sm70_backend *be, void *y, float *resid, const void *delta,
+			    const float *w, int n, int dim, float eps);
+
+	/* resid (f32) += x (act), element-wise over n*dim values. */
+	void (*add)(struct sm70_backend *be, float *resid, const void *x, size_t count);
+
+	/* y[n, w->rows] (act, or f32 when y_f32) = x[n, w->cols] (act) W^T. */
+	void (*matmul)(struct sm70_backend *be, void *y, int y_f32, const void *x,
+		       const struct sm70_weight *w, int n);
+
+	/* In place on qk (act; row i starts at qk + i*ld elements and holds n_heads heads of
+	 * head_dim): optional per-head RMSNorm with weight norm_w (f32 [head_dim], NULL to
+	 * skip), then rotate-half RoPE on the first rot_dim dims at position pos[i], pairs
+	 * (j, j + rot_dim/2), inv_freq[j] = theta^(-2j/rot_dim). */
+	void (*head_norm_rope)(struct sm70_backend *be, void *qk, int ld, int n, int n_heads,
+			       int head_dim, const float *norm_w, float eps, const int32_t *pos,
+			       int rot_dim, double theta);
+
+	/* Writes row i of k and v (act; rows ld elements apart, each n_kv_heads * head_dim
+	 * values) into the cache at slots[i]. */
+	void (*kv_write)(struct sm70_backend *be, const struct sm70_kv_layer *kv,
+			 const struct sm70_kv_layout *lay, const void *k, const void *v, int ld,
+			 const int32_t *slots, int n);
+
+	/* Causal paged attention: out[t, h, :] (act, contiguous [n_tokens, n_heads, head_dim])
+	 * = softmax(q[t, h] . K^T * scale) V over positions 0..tok_pos[t] of the token's
+	 * sequence, with KV head h / (n_heads / n_kv_heads). Row t of q starts at q + t*q_ld. */
+	void (*attention)(struct sm70_backend *be, void *out, const void *q, int q_ld,
+			  const struct sm70_kv_layer *kv, const struct sm70_kv_layout *lay,
+			  const struct sm70_batch *b, int n_heads, float scale);
+
+	/* out[i] = silu(gate[i]) * up[i]; gate_up is act [n, 2*inter] with the gate in the
+	 * first inter columns of each row; out is act [n, inter]. */
+	void (*silu_mul)(struct sm70_backend *be, void *out, const void *gate_up, int n,
+			 int inter);
+
+	/* dst[i, :] = src[rows[i], :] for i < n; f32 when is_f32 else act. */
+	void (*gather_rows)(struct sm70_backend *be, void *dst, const void *src,
+			    const int32_t *rows, int n, int dim, int is_f32);
+};
+
+struct sm70_backend {
+	const struct sm70_backend_ops *ops;
+	const char *name;
+	enum sm70_dtype act_dtype;
+	void *priv;
+};
+
+/* Creates the CPU backend with n_threads workers (0: one per online core).
+ * Returns 0 or -errno. */
+int sm70_backend_cpu_create(struct sm70_backend **out, int n_threads, struct sm70_err *err);
+
+/* Creates the CUDA backend on device `device`. Returns -ENODEV when sm70 was built
+ * without CUDA or no device is usable (err says which). */
+int sm70_backend_cuda_create(struct sm70_backend **out, int device, struct sm70_err *err);
+
+/* Destroys a backend made by either constructor (NULL is fine). */
+void sm70_backend_destroy(struct sm70_backend *be);
+
+#endif

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Builds tiny random Qwen checkpoints and their transformers reference continuations.
+
+Runs where torch and transformers are installed (the GPU machine). For each fixture it
+writes a Hugging Face checkpoint directory (config.json, generation_config.json,
+safetensors weights) and reference.json: the prompts, transformers' greedy continuation
+computed in fp32 from the stored (bf16/fp16-rounded) weights, and the top logprobs of
+every step. The C tests replay these prompts and compare.
+
+Non-goals: tokenizers (fixtures are token ids only), sampling references.
+
+Usage: python3 tools/mkref.py [--out tests/fixtures] [--only NAME] [--device cuda|cpu]
+"""
+import argparse
+import json
+import os
+import shutil
+
+import torch
+import transformers
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+TOP_N = 10
+
+# name -> (config kwargs, storage dtype, shard size or None, prompt lengths, new tokens)
+FIXTURES = {
+    "qwen3-gqa2-d64-tied": dict(
+        config=dict(vocab_size=512, hidden_size=128, intermediate_size=320,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=64, tie_word_embeddings=True, rope_theta=10000.0,
+                    rms_norm_eps=1e-6, max_position_embeddings=4096,
+                    initializer_range=0.08),
+        dtype=torch.bfloat16, shard=None,
+        prompts=[1, 5, 17, 64, 200], new_tokens=24, eos=[511]),
+    "qwen3-gqa6-d256-long": dict(
+        config=dict(vocab_size=1024, hidden_size=192, intermediate_size=384,
+                    num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=1,
+                    head_dim=256, tie_word_embeddings=False, rope_theta=1000000.0,
+                    rms_norm_eps=1e-6, max_position_embeddings=8192,
+                    initializer_range=0.06),
+        dtype=torch.bfloat16, shard="1MB",
+        prompts=[1200, 37, 530], new_tokens=16, eos=[1020, 1021]),
+    "qwen3-mha-d32-f16": dict(
+        config=dict(vocab_size=384, hidden_size=96, intermediate_size=192,
+                    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                    head_dim=32, tie_word_embeddings=False, rope_theta=500000.0,
+                    rms_norm_eps=1e-5, max_position_embeddings=2048,
+                    initializer_range=0.1),
+        dtype=torch.float16, shard=None,
+        prompts=[3, 48, 129], new_tokens=20, eos=[383]),
+}
+
+
+def perturb_norms(model, gen):
+    """Random RMSNorm weights (around 1) so a missing or misplaced norm changes the output."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.25 * torch.randn(p.shape, generator=gen))
+
+
+def greedy(model, prompt, new_tokens, eos, device):
+    """fp32 greedy decoding with a KV cache; returns tokens and the top logprobs per step."""
+    ids = torch.tensor([prompt], device=device)
+    out = model(input_ids=ids, use_cache=True)
+    past = out.past_key_values
+    logits = out.logits[0, -1].float()
+    tokens, tops = [], []
+    for _ in range(new_tokens):
+        lp = torch.log_softmax(logits.double(), dim=-1)
+        vals, idx = torch.topk(lp, TOP_N)
+        tok = int(idx[0])
+        tokens.append(tok)
+        tops.append([{"id": int(i), "logprob": float(v)} for v, i in zip(vals, idx)])
+        if tok in eos:
+            break
+        out = model(input_ids=torch.tensor([[tok]], device=device), past_key_values=past,
+                    use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[0, -1].float()
+    return tokens, tops
+
+
+def build(name, spec, outdir, device):
+    seed = sum(map(ord, name))
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    cfg = Qwen3Config(**spec["config"], bos_token_id=0, eos_token_id=spec["eos"][0])
+    model = Qwen3ForCausalLM(cfg).float()
+    perturb_norms(model, gen)
+    # Round the weights to the storage dtype first, so the reference sees exactly the
+    # numbers the checkpoint holds.
+    model = model.to(spec["dtype"])
+    path = os.path.join(outdir, name)
+    shutil.rmtree(path, ignore_errors=True)
+    kw = {"max_shard_size": spec["shard"]} if spec["shard"] else {}
+    model.save_pretrained(path, safe_serialization=True, **kw)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": 0, "eos_token_id": spec["eos"]}, f, indent=2)
+
+    model = model.float().to(device).eval()
+    model.config._attn_implementation = "eager"
+    cases = []
+    with torch.no_grad():
+        for n in spec["prompts"]:
+            prompt = torch.randint(0, cfg.vocab_size - 8, (n,), generator=gen).tolist()
+            toks, tops = greedy(model, prompt, spec["new_tokens"], spec["eos"], device)
+            margin = min(t[0]["logprob"] - t[1]["logprob"] for t in tops)
+            print(f"{name}: prompt {n:5d} -> {len(toks)} tokens, min top1-top2 margin {margin:.4f}")
+            cases.append({"prompt": prompt, "max_new_tokens": spec["new_tokens"],
+                          "tokens": toks, "top_logprobs": tops, "min_margin": margin})
+    ref = {"fixture": name, "transformers": transformers.__version__,
+           "torch": torch.__version__, "compute": "float32 eager", "top_n": TOP_N,
+           "cases": cases}
+    with open(os.path.join(path, "reference.json"), "w") as f:
+        json.dump(ref, f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="tests/fixtures")
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a = ap.parse_args()
+    # fp32 matmuls must stay fp32 (no TF32) for a reference.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    os.makedirs(a.out, exist_ok=True)
+    for name, spec in FIXTURES.items():
+        if a.only and a.only != name:
+            continue
+        build(name, spec, a.out, a.device)
+
+
+if __name__ == "__main__":
+    main()
