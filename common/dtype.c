@@ -122,22 +122,28 @@ uint8_t sm70_f32_to_e4m3(float f)
 	}
 }
 
+/* src may be unaligned (safetensors promises no alignment): elements are read through
+ * memcpy, which compiles to plain loads. */
 int sm70_convert_to_f32(float *dst, const void *src, enum sm70_dtype t, size_t n)
 {
-	const uint16_t *h = src;
 	const uint8_t *b = src;
+	uint16_t h;
 
 	switch (t) {
 	case SM70_DTYPE_F32:
 		memcpy(dst, src, n * sizeof(float));
 		return 0;
 	case SM70_DTYPE_F16:
-		for (size_t i = 0; i < n; i++)
-			dst[i] = sm70_f16_to_f32(h[i]);
+		for (size_t i = 0; i < n; i++) {
+			memcpy(&h, b + 2 * i, 2);
+			dst[i] = sm70_f16_to_f32(h);
+		}
 		return 0;
 	case SM70_DTYPE_BF16:
-		for (size_t i = 0; i < n; i++)
-			dst[i] = sm70_bf16_to_f32(h[i]);
+		for (size_t i = 0; i < n; i++) {
+			memcpy(&h, b + 2 * i, 2);
+			dst[i] = sm70_bf16_to_f32(h);
+		}
 		return 0;
 	case SM70_DTYPE_F8E4M3:
 		for (size_t i = 0; i < n; i++)

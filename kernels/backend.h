@@ -82,8 +82,9 @@ struct sm70_backend_ops {
 	int (*sync)(struct sm70_backend *be);
 	void (*destroy)(struct sm70_backend *be);
 
-	/* x[i, :] = table[ids[i], :] as act, i < n. table is [vocab, dim]. */
-	void (*embed)(struct sm70_backend *be, void *x, const struct sm70_weight *table,
+	/* x[i, :] = table[ids[i], :] as f32, i < n. table is [vocab, dim]. (It writes the
+	 * residual stream, which is always f32.) */
+	void (*embed)(struct sm70_backend *be, float *x, const struct sm70_weight *table,
 		      const int32_t *ids, int n);
 
 	/* resid (f32, [n, dim]) += delta (act) when delta is non-NULL; then
@@ -133,6 +134,13 @@ struct sm70_backend {
 	const struct sm70_backend_ops *ops;
 	const char *name;
 	enum sm70_dtype act_dtype;
+	/* The dtype matrices must be stored in on this backend, or SM70_DTYPE_COUNT to keep
+	 * the checkpoint's (the CPU reads f32, f16 and bf16; CUDA wants f16). */
+	enum sm70_dtype weight_dtype;
+	/* KV cache dtypes this backend's kernels read, as a mask of 1u << dtype; the
+	 * default is used unless the configuration asks for another supported one. */
+	unsigned kv_dtypes;
+	enum sm70_dtype kv_dtype_default;
 	void *priv;
 };
 

@@ -98,8 +98,13 @@ def build(name, spec, outdir, device):
     with open(os.path.join(path, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": 0, "eos_token_id": spec["eos"]}, f, indent=2)
 
-    model = model.float().to(device).eval()
-    model.config._attn_implementation = "eager"
+    # The reference loads the checkpoint as a user would, upcast to fp32. (Casting the
+    # in-memory model back with .float() would not do: .to(bf16) also rounds the RoPE
+    # inv_freq buffer, and .float() does not restore it.)
+    del model
+    model = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                             attn_implementation="eager")
+    model = model.to(device).eval()
     cases = []
     with torch.no_grad():
         for n in spec["prompts"]:

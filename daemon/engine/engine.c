@@ -1,0 +1,579 @@
+/*
+ * engine.c - continuous batching over one model; see engine.h for the policy.
+ *
+ * A sequence's tokens are its prompt followed by what it generated; n_cached of them
+ * have their K/V in the cache. While running it always has at least one pending token
+ * (n_toks - n_cached >= 1): a decode has exactly one, a prefill more. Each step feeds
+ * every decode and as much prefill as the token budget allows, and samples for every
+ * sequence whose pending tokens all went in.
+ */
+#include "daemon/engine/engine.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine/block_pool.h"
+#include "daemon/engine/checkpoint.h"
+#include "daemon/engine/model.h"
+#include "kernels/backend.h"
+
+struct seq {
+	uint64_t id;
+	struct sm70_request req; /* prompt pointer cleared: tokens live in toks */
+	int32_t *toks;
+	int n_toks, cap_toks;
+	int n_prompt;
+	int n_gen;
+	int n_cached;
+	int32_t *blocks;
+	int n_blocks, cap_blocks;
+	int cancelled;
+	int finished;
+	struct seq *next; /* waiting queue link */
+};
+
+struct sm70_engine {
+	struct sm70_engine_opts opts;
+	struct sm70_backend *be;
+	struct sm70_ckpt *ck;
+	struct sm70_model *model;
+	struct sm70_sampler *sampler;
+	struct sm70_block_pool pool;
+	int bs;
+
+	struct seq **running; /* admission order, oldest first */
+	int n_running;
+	struct seq *wait_head, *wait_tail;
+	int n_waiting;
+	uint64_t next_id;
+
+	/* step scratch, sized at open */
+	int32_t *tok_ids, *tok_pos, *tok_seq, *tok_slot, *tables, *out_rows;
+	struct seq **step_seqs;
+	int *step_take;
+	float *logits;
+	int max_blocks;
+
+	struct sm70_engine_stats stats;
+};
+
+void sm70_engine_opts_default(struct sm70_engine_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->backend = "cpu";
+	o->max_seqs = 16;
+	o->max_batch_tokens = 512;
+	o->block_size = 16;
+	o->kv_bytes = (size_t)256 << 20;
+	o->kv_dtype = SM70_DTYPE_COUNT;
+}
+
+static int blocks_for(const struct sm70_engine *e, int n_tokens)
+{
+	return (n_tokens + e->bs - 1) / e->bs;
+}
+
+static void seq_free_blocks(struct sm70_engine *e, struct seq *s)
+{
+	for (int i = 0; i < s->n_blocks; i++)
+		sm70_block_pool_unref(&e->pool, s->blocks[i]);
+	s->n_blocks = 0;
+	s->n_cached = 0;
+}
+
+static void seq_destroy(struct sm70_engine *e, struct seq *s)
+{
+	seq_free_blocks(e, s);
+	free(s->toks);
+	free(s->blocks);
+	free(s);
+}
+
+static int seq_add_block(struct sm70_engine *e, struct seq *s)
+{
+	int32_t b;
+
+	if (s->n_blocks == s->cap_blocks)
+		return -ENOSPC; /* cap_blocks is the per-sequence maximum */
+	b = sm70_block_pool_alloc(&e->pool);
+	if (b < 0)
+		return b;
+	s->blocks[s->n_blocks++] = b;
+	return 0;
+}
+
+int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
+		     const struct sm70_engine_opts *opts, struct sm70_err *err)
+{
+	struct sm70_engine *e;
+	struct sm70_model_opts mo;
+	int ret, S, T, V;
+
+	*out = NULL;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	e->opts = *opts;
+	e->bs = opts->block_size;
+
+	if (!opts->backend || strcmp(opts->backend, "cpu") == 0)
+		ret = sm70_backend_cpu_create(&e->be, opts->n_threads, err);
+	else if (strcmp(opts->backend, "cuda") == 0)
+		ret = sm70_backend_cuda_create(&e->be, opts->cuda_device, err);
+	else
+		ret = sm70_errf(err, -EINVAL, "unknown backend '%s' (expected cpu or cuda)",
+				opts->backend);
+	if (ret)
+		goto fail;
+
+	if (opts->dummy_weights)
+		ret = sm70_ckpt_open_config_only(&e->ck, model_dir, err);
+	else
+		ret = sm70_ckpt_open(&e->ck, model_dir, err);
+	if (ret)
+		goto fail;
+
+	if (opts->kv_dtype != SM70_DTYPE_COUNT &&
+	    ((unsigned)opts->kv_dtype >= 32 || !(e->be->kv_dtypes & (1u << opts->kv_dtype)))) {
+		ret = sm70_errf(err, -EINVAL, "the %s backend cannot hold the KV cache as %s",
+				e->be->name, sm70_dtype_name(opts->kv_dtype));
+		goto fail;
+	}
+	mo = (struct sm70_model_opts){
+		.max_tokens = opts->max_batch_tokens,
+		.max_seqs = opts->max_seqs,
+		.block_size = opts->block_size,
+		.n_blocks = opts->kv_blocks,
+		.kv_bytes = opts->kv_bytes,
+		.kv_dtype = opts->kv_dtype != SM70_DTYPE_COUNT ? opts->kv_dtype :
+			    e->be->kv_dtype_default,
+		.dummy = opts->dummy_weights,
+		.dummy_seed = opts->dummy_seed,
+	};
+	ret = sm70_model_load(&e->model, e->ck, e->be, &mo, err);
+	if (ret)
+		goto fail;
+
+	S = opts->max_seqs;
+	T = opts->max_batch_tokens;
+	V = e->model->cfg.vocab_size;
+	e->max_blocks = blocks_for(e, e->model->cfg.max_position);
+	if (e->max_blocks > e->model->kv_lay.n_blocks)
+		e->max_blocks = e->model->kv_lay.n_blocks;
+	ret = sm70_block_pool_init(&e->pool, e->model->kv_lay.n_blocks);
+	if (ret)
+		goto fail;
+	ret = sm70_sampler_create(&e->sampler, V);
+	if (ret)
+		goto fail;
+	e->running = calloc((size_t)S, sizeof(*e->running));
+	e->tok_ids = malloc(sizeof(int32_t) * (size_t)T);
+	e->tok_pos = malloc(sizeof(int32_t) * (size_t)T);
+	e->tok_seq = malloc(sizeof(int32_t) * (size_t)T);
+	e->tok_slot = malloc(sizeof(int32_t) * (size_t)T);
+	e->out_rows = malloc(sizeof(int32_t) * (size_t)S);
+	e->tables = malloc(sizeof(int32_t) * (size_t)S * (size_t)e->max_blocks);
+	e->step_seqs = malloc(sizeof(*e->step_seqs) * (size_t)S);
+	e->step_take = malloc(sizeof(int) * (size_t)S);
+	e->logits = malloc(sizeof(float) * (size_t)S * (size_t)V);
+	if (!e->running || !e->tok_ids || !e->tok_pos || !e->tok_seq || !e->tok_slot ||
+	    !e->out_rows || !e->tables || !e->step_seqs || !e->step_take || !e->logits) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	e->stats.kv_blocks_total = e->pool.n_blocks;
+	e->next_id = 1;
+	*out = e;
+	return 0;
+fail:
+	sm70_engine_close(e);
+	return ret;
+}
+
+void sm70_engine_close(struct sm70_engine *e)
+{
+	struct seq *s, *n;
+
+	if (!e)
+		return;
+	for (int i = 0; i < e->n_running; i++)
+		seq_destroy(e, e->running[i]);
+	for (s = e->wait_head; s; s = n) {
+		n = s->next;
+		seq_destroy(e, s);
+	}
+	sm70_block_pool_fini(&e->pool);
+	sm70_sampler_destroy(e->sampler);
+	sm70_model_free(e->model);
+	sm70_ckpt_close(e->ck);
+	sm70_backend_destroy(e->be);
+	free(e->running);
+	free(e->tok_ids);
+	free(e->tok_pos);
+	free(e->tok_seq);
+	free(e->tok_slot);
+	free(e->out_rows);
+	free(e->tables);
+	free(e->step_seqs);
+	free(e->step_take);
+	free(e->logits);
+	free(e);
+}
+
+const struct sm70_model_config *sm70_engine_model_config(const struct sm70_engine *e)
+{
+	return &e->model->cfg;
+}
+
+static void wait_push_back(struct sm70_engine *e, struct seq *s)
+{
+	s->next = NULL;
+	if (e->wait_tail)
+		e->wait_tail->next = s;
+	else
+		e->wait_head = s;
+	e->wait_tail = s;
+	e->n_waiting++;
+}
+
+static void wait_push_front(struct sm70_engine *e, struct seq *s)
+{
+	s->next = e->wait_head;
+	e->wait_head = s;
+	if (!e->wait_tail)
+		e->wait_tail = s;
+	e->n_waiting++;
+}
+
+static struct seq *wait_pop(struct sm70_engine *e)
+{
+	struct seq *s = e->wait_head;
+
+	if (s) {
+		e->wait_head = s->next;
+		if (!e->wait_head)
+			e->wait_tail = NULL;
+		s->next = NULL;
+		e->n_waiting--;
+	}
+	return s;
+}
+
+int sm70_engine_submit(struct sm70_engine *e, const struct sm70_request *r, uint64_t *id,
+		       struct sm70_err *err)
+{
+	const struct sm70_model_config *c = &e->model->cfg;
+	struct seq *s;
+	int cap;
+
+	if (r->n_prompt < 1)
+		return sm70_errf(err, -EINVAL, "the prompt is empty");
+	if (r->max_new_tokens < 1)
+		return sm70_errf(err, -EINVAL, "max_new_tokens must be at least 1 (got %d)",
+				 r->max_new_tokens);
+	if (r->n_stop < 0 || r->n_stop > SM70_MAX_STOP_TOKENS)
+		return sm70_errf(err, -EINVAL, "at most %d stop tokens (got %d)",
+				 SM70_MAX_STOP_TOKENS, r->n_stop);
+	if (sm70_sampling_check(&r->sampling))
+		return sm70_errf(err, -EINVAL, "bad sampling parameters (temperature %g, top_k %d, "
+				 "top_p %g, top_logprobs %d)", r->sampling.temperature,
+				 r->sampling.top_k, r->sampling.top_p, r->sampling.top_logprobs);
+	for (int i = 0; i < r->n_prompt; i++)
+		if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab_size)
+			return sm70_errf(err, -EINVAL, "prompt token %d at index %d is outside the "
+					 "vocabulary (0..%d)", r->prompt[i], i, c->vocab_size - 1);
+	for (int i = 0; i < r->n_stop; i++)
+		if (r->stop_ids[i] < 0 || r->stop_ids[i] >= c->vocab_size)
+			return sm70_errf(err, -EINVAL, "stop token %d is outside the vocabulary",
+					 r->stop_ids[i]);
+	if (r->n_prompt >= c->max_position)
+		return sm70_errf(err, -E2BIG, "the prompt has %d tokens; the context holds %d",
+				 r->n_prompt, c->max_position);
+	if (blocks_for(e, r->n_prompt + 1) > e->pool.n_blocks)
+		return sm70_errf(err, -E2BIG, "the prompt has %d tokens; the KV cache holds %d",
+				 r->n_prompt, e->pool.n_blocks * e->bs);
+
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	cap = r->n_prompt + r->max_new_tokens;
+	if (cap > c->max_position)
+		cap = c->max_position;
+	s->toks = malloc(sizeof(int32_t) * (size_t)cap);
+	s->cap_blocks = e->max_blocks;
+	s->blocks = malloc(sizeof(int32_t) * (size_t)s->cap_blocks);
+	if (!s->toks || !s->blocks) {
+		free(s->toks);
+		free(s->blocks);
+		free(s);
+		return -ENOMEM;
+	}
+	memcpy(s->toks, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+	s->n_toks = s->n_prompt = r->n_prompt;
+	s->cap_toks = cap;
+	s->req = *r;
+	s->req.prompt = NULL;
+	s->id = e->next_id++;
+	wait_push_back(e, s);
+	e->stats.prompt_tokens += (uint64_t)r->n_prompt;
+	*id = s->id;
+	return 0;
+}
+
+int sm70_engine_cancel(struct sm70_engine *e, uint64_t id)
+{
+	for (int i = 0; i < e->n_running; i++)
+		if (e->running[i]->id == id) {
+			e->running[i]->cancelled = 1;
+			return 0;
+		}
+	for (struct seq *s = e->wait_head; s; s = s->next)
+		if (s->id == id) {
+			s->cancelled = 1;
+			return 0;
+		}
+	return -ENOENT;
+}
+
+int sm70_engine_busy(const struct sm70_engine *e)
+{
+	return e->n_running > 0 || e->n_waiting > 0;
+}
+
+void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats *s)
+{
+	*s = e->stats;
+	s->running = e->n_running;
+	s->waiting = e->n_waiting;
+	s->kv_blocks_free = e->pool.n_free;
+}
+
+static void emit_final(struct sm70_engine *e, struct seq *s, enum sm70_finish f,
+		       sm70_event_fn fn, void *ctx)
+{
+	struct sm70_event ev = {
+		.id = s->id,
+		.tag = s->req.tag,
+		.sample = { .token = -1 },
+		.finish = f,
+		.prompt_tokens = s->n_prompt,
+		.completion_tokens = s->n_gen,
+	};
+	fn(ctx, &ev);
+}
+
+static void running_remove(struct sm70_engine *e, int i)
+{
+	memmove(&e->running[i], &e->running[i + 1],
+		sizeof(*e->running) * (size_t)(e->n_running - i - 1));
+	e->n_running--;
+}
+
+/* Ends cancelled requests, running or waiting. Returns the events emitted. */
+static int reap_cancelled(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
+{
+	int n = 0;
+	struct seq **pp, *s;
+
+	for (int i = e->n_running - 1; i >= 0; i--) {
+		s = e->running[i];
+		if (!s->cancelled)
+			continue;
+		running_remove(e, i);
+		emit_final(e, s, SM70_FINISH_CANCELLED, fn, ctx);
+		seq_destroy(e, s);
+		n++;
+	}
+	for (pp = &e->wait_head; (s = *pp);) {
+		if (!s->cancelled) {
+			e->wait_tail = s;
+			pp = &s->next;
+			continue;
+		}
+		*pp = s->next;
+		e->n_waiting--;
+		emit_final(e, s, SM70_FINISH_CANCELLED, fn, ctx);
+		seq_destroy(e, s);
+		n++;
+	}
+	if (!e->wait_head)
+		e->wait_tail = NULL;
+	return n;
+}
+
+/* FCFS admission: the queue head goes in when all its tokens' blocks fit; nobody jumps
+ * the queue, so a long prompt is never starved by short ones. */
+static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
+{
+	int n_ev = 0;
+
+	while (e->wait_head && e->n_running < e->opts.max_seqs) {
+		struct seq *s = e->wait_head;
+		int need = blocks_for(e, s->n_toks);
+
+		if (need > e->pool.n_blocks || need > s->cap_blocks) {
+			/* Only a preempted request that outgrew the whole cache gets here. */
+			wait_pop(e);
+			emit_final(e, s, SM70_FINISH_LENGTH, fn, ctx);
+			seq_destroy(e, s);
+			n_ev++;
+			continue;
+		}
+		if (need > e->pool.n_free)
+			break;
+		wait_pop(e);
+		for (int i = 0; i < need; i++)
+			seq_add_block(e, s); /* cannot fail: checked above */
+		e->running[e->n_running++] = s;
+	}
+	return n_ev;
+}
+
+static void preempt(struct sm70_engine *e, int i)
+{
+	struct seq *s = e->running[i];
+
+	running_remove(e, i);
+	seq_free_blocks(e, s);
+	wait_push_front(e, s);
+	e->stats.preemptions++;
+}
+
+/* Makes sure every decode has a block for its next position, preempting the newest
+ * running sequences when the pool is empty. */
+static void reserve_decode_blocks(struct sm70_engine *e)
+{
+	for (int i = 0; i < e->n_running; i++) {
+		struct seq *s = e->running[i];
+
+		while (blocks_for(e, s->n_toks) > s->n_blocks) {
+			if (seq_add_block(e, s) == 0)
+				continue;
+			preempt(e, e->n_running - 1);
+			if (i >= e->n_running)
+				return; /* s itself was the newest */
+		}
+	}
+}
+
+static int is_stop(const struct sm70_engine *e, const struct seq *s, int32_t tok)
+{
+	const struct sm70_model_config *c = &e->model->cfg;
+
+	if (!s->req.ignore_eos)
+		for (int i = 0; i < c->n_eos; i++)
+			if (c->eos_ids[i] == tok)
+				return 1;
+	for (int i = 0; i < s->req.n_stop; i++)
+		if (s->req.stop_ids[i] == tok)
+			return 1;
+	return 0;
+}
+
+int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
+{
+	const struct sm70_model_config *c = &e->model->cfg;
+	int n_ev, T = 0, S = 0, n_out = 0, max_blocks = 1, max_pos = 0;
+	int budget = e->opts.max_batch_tokens;
+	struct sm70_step st;
+	int ret;
+
+	n_ev = reap_cancelled(e, fn, ctx);
+	n_ev += admit(e, fn, ctx);
+	reserve_decode_blocks(e);
+	if (e->n_running == 0)
+		return n_ev;
+
+	/* Decodes first (one token each), then prefill chunks in admission order. */
+	for (int pass = 0; pass < 2; pass++) {
+		for (int i = 0; i < e->n_running && budget > 0; i++) {
+			struct seq *s = e->running[i];
+			int pending = s->n_toks - s->n_cached;
+			int take;
+
+			if ((pass == 0) != (pending == 1))
+				continue;
+			take = pending < budget ? pending : budget;
+			for (int k = 0; k < take; k++) {
+				int pos = s->n_cached + k;
+				e->tok_ids[T] = s->toks[pos];
+				e->tok_pos[T] = pos;
+				e->tok_seq[T] = S;
+				e->tok_slot[T] = s->blocks[pos / e->bs] * e->bs + pos % e->bs;
+				T++;
+			}
+			if (s->n_cached + take > max_pos)
+				max_pos = s->n_cached + take;
+			if (s->n_cached + take == s->n_toks)
+				e->out_rows[n_out++] = T - 1;
+			if (s->n_blocks > max_blocks)
+				max_blocks = s->n_blocks;
+			e->step_seqs[S] = s;
+			e->step_take[S] = take;
+			S++;
+			budget -= take;
+		}
+	}
+	for (int j = 0; j < S; j++) {
+		struct seq *s = e->step_seqs[j];
+		int32_t *row = e->tables + (size_t)j * max_blocks;
+		memcpy(row, s->blocks, sizeof(int32_t) * (size_t)s->n_blocks);
+		for (int k = s->n_blocks; k < max_blocks; k++)
+			row[k] = 0; /* never read: positions stop at the sequence's length */
+	}
+
+	st = (struct sm70_step){
+		.n_tokens = T, .n_seqs = S, .max_blocks = max_blocks, .max_pos = max_pos,
+		.tok_ids = e->tok_ids, .tok_pos = e->tok_pos, .tok_seq = e->tok_seq,
+		.tok_slot = e->tok_slot, .block_tables = e->tables,
+		.n_out = n_out, .out_rows = e->out_rows,
+	};
+	ret = sm70_model_forward(e->model, &st, e->logits);
+	if (ret)
+		return ret;
+	e->stats.steps++;
+
+	/* Sample in batch order; finished sequences leave the running set afterwards. */
+	for (int j = 0, o = 0; j < S; j++) {
+		struct seq *s = e->step_seqs[j];
+		struct sm70_event ev = { .id = s->id, .tag = s->req.tag };
+		int32_t tok;
+
+		s->n_cached += e->step_take[j];
+		if (s->n_cached < s->n_toks)
+			continue; /* mid-prefill: no token yet */
+		if (sm70_sample(e->sampler, e->logits + (size_t)o * c->vocab_size,
+				&s->req.sampling, (uint64_t)s->n_gen, &ev.sample)) {
+			/* NaN/inf logits: nothing to sample from; end this request, not others */
+			o++;
+			s->finished = 1;
+			e->stats.errors++;
+			emit_final(e, s, SM70_FINISH_ERROR, fn, ctx);
+			n_ev++;
+			continue;
+		}
+		o++;
+		tok = ev.sample.token;
+		s->toks[s->n_toks++] = tok;
+		s->n_gen++;
+		e->stats.generated_tokens++;
+		if (is_stop(e, s, tok))
+			ev.finish = SM70_FINISH_STOP;
+		else if (s->n_gen >= s->req.max_new_tokens || s->n_toks >= s->cap_toks)
+			ev.finish = SM70_FINISH_LENGTH;
+		ev.prompt_tokens = s->n_prompt;
+		ev.completion_tokens = s->n_gen;
+		s->finished = ev.finish != SM70_FINISH_NONE;
+		fn(ctx, &ev);
+		n_ev++;
+	}
+	for (int i = e->n_running - 1; i >= 0; i--) {
+		struct seq *s = e->running[i];
+		if (s->finished) {
+			running_remove(e, i);
+			seq_destroy(e, s);
+		}
+	}
+	return n_ev;
+}

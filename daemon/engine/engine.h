@@ -1,0 +1,115 @@
+/*
+ * engine.h - continuous-batching decode over one model: requests in, token events out.
+ *
+ * Each sm70_engine_step() admits waiting requests whose KV blocks fit, builds one batch
+ * of every running decode plus prefill chunks up to the token budget, runs the model,
+ * samples, and reports one event per sequence that produced a token. A request finishes
+ * on EOS, a stop token, max_new_tokens, the context limit, or cancellation. When the KV
+ * pool runs dry mid-decode the newest running request is preempted: its blocks are freed
+ * and it is recomputed later from its prompt plus what it already generated (sampling
+ * is counter-based, so it continues exactly where it stopped). No request is dropped.
+ *
+ * Non-goals here: prefix caching, priorities (the daemon's scheduler adds them).
+ * Not thread-safe: one thread drives an engine.
+ */
+#ifndef SM70_ENGINE_ENGINE_H
+#define SM70_ENGINE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"
+#include "common/err.h"
+#include "daemon/engine/model_config.h"
+#include "daemon/engine/sampler.h"
+
+#define SM70_MAX_STOP_TOKENS 8
+
+enum sm70_finish {
+	SM70_FINISH_NONE = 0,
+	SM70_FINISH_LENGTH,    /* max_new_tokens or the context limit */
+	SM70_FINISH_STOP,      /* EOS or a stop token */
+	SM70_FINISH_CANCELLED,
+	SM70_FINISH_ERROR,
+};
+
+struct sm70_engine_opts {
+	const char *backend;      /* "cpu" or "cuda" */
+	int dummy_weights;        /* --load-format dummy */
+	uint64_t dummy_seed;
+	int n_threads;            /* CPU backend workers; 0: all cores */
+	int cuda_device;
+	int max_seqs;             /* running sequences at once (default 16) */
+	int max_batch_tokens;     /* tokens per step: decodes + prefill chunks (default 512) */
+	int block_size;           /* KV tokens per block (default 16) */
+	int kv_blocks;            /* 0: from kv_bytes */
+	size_t kv_bytes;          /* KV budget when kv_blocks is 0 (default 256 MiB) */
+	enum sm70_dtype kv_dtype; /* SM70_DTYPE_COUNT: the backend's default */
+};
+
+struct sm70_request {
+	const int32_t *prompt;    /* copied at submit */
+	int n_prompt;
+	int max_new_tokens;
+	struct sm70_sampling sampling;
+	int n_stop;
+	int32_t stop_ids[SM70_MAX_STOP_TOKENS];
+	int ignore_eos;
+	uint64_t tag;             /* returned in every event */
+};
+
+struct sm70_event {
+	uint64_t id;
+	uint64_t tag;
+	struct sm70_sample_result sample;
+	enum sm70_finish finish;  /* NONE unless this is the request's last event */
+	int prompt_tokens;
+	int completion_tokens;
+};
+
+typedef void (*sm70_event_fn)(void *ctx, const struct sm70_event *ev);
+
+struct sm70_engine_stats {
+	int running;
+	int waiting;
+	int kv_blocks_total;
+	int kv_blocks_free;
+	uint64_t preemptions;
+	uint64_t steps;
+	uint64_t prompt_tokens;
+	uint64_t generated_tokens;
+	uint64_t errors;          /* requests ended by non-finite logits */
+};
+
+struct sm70_engine;
+
+/* Fills opts with the defaults. */
+void sm70_engine_opts_default(struct sm70_engine_opts *o);
+
+/* Loads the model in model_dir onto the chosen backend. Returns 0 or -errno with err
+ * naming the problem (bad checkpoint, no GPU, ...). */
+int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
+		     const struct sm70_engine_opts *opts, struct sm70_err *err);
+void sm70_engine_close(struct sm70_engine *e);
+
+const struct sm70_model_config *sm70_engine_model_config(const struct sm70_engine *e);
+
+/* Queues a request. Returns 0 and its id, or -EINVAL (bad params: err says which),
+ * -E2BIG (prompt longer than the context or the KV cache can ever hold). */
+int sm70_engine_submit(struct sm70_engine *e, const struct sm70_request *r, uint64_t *id,
+		       struct sm70_err *err);
+
+/* Cancels a request; its final event (CANCELLED) comes from the next step. Returns 0 or
+ * -ENOENT. */
+int sm70_engine_cancel(struct sm70_engine *e, uint64_t id);
+
+/* Runs one step, calling fn for each event. Returns the number of events, 0 when there
+ * was nothing to do, or -errno on a backend failure. */
+int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx);
+
+/* Whether any request is waiting or running. */
+int sm70_engine_busy(const struct sm70_engine *e);
+
+void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats *s);
+
+#endif

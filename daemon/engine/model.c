@@ -1,0 +1,433 @@
+/*
+ * model.c - model-independent loading: config, KV cache memory, step workspace, weight
+ * helpers shared by the architectures, and the upload/forward/download of one step.
+ */
+#include "daemon/engine/model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Offsets (in int32 elements) of the arrays inside the uploaded batch buffer. */
+struct batch_offsets {
+	size_t ids, pos, seq, slot, tables, out, total;
+};
+
+static int max_blocks_per_seq(const struct sm70_model *m)
+{
+	int by_pos = (m->cfg.max_position + m->opts.block_size - 1) / m->opts.block_size;
+	return by_pos < m->kv_lay.n_blocks ? by_pos : m->kv_lay.n_blocks;
+}
+
+static struct batch_offsets batch_layout(const struct sm70_model *m)
+{
+	struct batch_offsets o;
+	size_t t = (size_t)m->opts.max_tokens, s = (size_t)m->opts.max_seqs;
+
+	o.ids = 0;
+	o.pos = o.ids + t;
+	o.seq = o.pos + t;
+	o.slot = o.seq + t;
+	o.out = o.slot + t;
+	o.tables = o.out + s;
+	o.total = o.tables + s * (size_t)max_blocks_per_seq(m);
+	return o;
+}
+
+size_t sm70_model_kv_block_bytes(const struct sm70_model *m)
+{
+	return (size_t)m->cfg.n_layers * 2 * (size_t)m->opts.block_size *
+	       (size_t)m->cfg.n_kv_heads * (size_t)m->cfg.head_dim *
+	       sm70_dtype_size(m->opts.kv_dtype);
+}
+
+static const struct sm70_arch_ops *arch_for(enum sm70_arch a)
+{
+	switch (a) {
+	case SM70_ARCH_QWEN3:
+		return &sm70__arch_qwen3;
+	}
+	return NULL;
+}
+
+static int check_opts(const struct sm70_model_opts *o, struct sm70_err *err)
+{
+	if (o->max_tokens <= 0 || o->max_seqs <= 0 || o->max_seqs > o->max_tokens)
+		return sm70_errf(err, -EINVAL, "max_tokens (%d) and max_seqs (%d) must be positive "
+				 "with max_seqs <= max_tokens", o->max_tokens, o->max_seqs);
+	if (o->block_size <= 0 || o->block_size > 4096)
+		return sm70_errf(err, -EINVAL, "block_size %d out of range 1..4096", o->block_size);
+	if (o->kv_dtype != SM70_DTYPE_F32 && o->kv_dtype != SM70_DTYPE_F16 &&
+	    o->kv_dtype != SM70_DTYPE_F8E4M3)
+		return sm70_errf(err, -EINVAL, "KV cache dtype %s is not supported",
+				 sm70_dtype_name(o->kv_dtype));
+	return 0;
+}
+
+static int alloc_kv(struct sm70_model *m, struct sm70_err *err)
+{
+	size_t per_block = sm70_model_kv_block_bytes(m);
+	size_t layer_bytes;
+	long n = m->opts.n_blocks;
+
+	if (n <= 0) {
+		n = (long)(m->opts.kv_bytes / per_block);
+		if (n < 1)
+			return sm70_errf(err, -ENOMEM, "KV cache budget of %zu bytes holds no block "
+					 "(one block is %zu bytes)", m->opts.kv_bytes, per_block);
+	}
+	if (n > INT32_MAX / m->opts.block_size)
+		n = INT32_MAX / m->opts.block_size;
+	m->kv_lay.dtype = m->opts.kv_dtype;
+	m->kv_lay.n_blocks = (int)n;
+	m->kv_lay.block_size = m->opts.block_size;
+	m->kv_lay.n_kv_heads = m->cfg.n_kv_heads;
+	m->kv_lay.head_dim = m->cfg.head_dim;
+	layer_bytes = (size_t)n * m->opts.block_size * m->cfg.n_kv_heads * m->cfg.head_dim *
+		      sm70_dtype_size(m->opts.kv_dtype);
+
+	m->kv = calloc((size_t)m->cfg.n_layers, sizeof(*m->kv));
+	if (!m->kv)
+		return -ENOMEM;
+	for (int l = 0; l < m->cfg.n_layers; l++) {
+		m->kv[l].k = m->be->ops->buf_alloc(m->be, layer_bytes);
+		m->kv[l].v = m->be->ops->buf_alloc(m->be, layer_bytes);
+		m->kv[l].k_scale = 1.0f;
+		m->kv[l].v_scale = 1.0f;
+		if (!m->kv[l].k || !m->kv[l].v)
+			return sm70_errf(err, -ENOMEM, "cannot allocate the KV cache of layer %d "
+					 "(%zu bytes for K and as many for V on %s)", l,
+					 layer_bytes, m->be->name);
+	}
+	return 0;
+}
+
+int sm70_model_load(struct sm70_model **out, const struct sm70_ckpt *ck,
+		    struct sm70_backend *be, const struct sm70_model_opts *opts,
+		    struct sm70_err *err)
+{
+	struct sm70_model *m;
+	struct batch_offsets bo;
+	int ret;
+
+	*out = NULL;
+	ret = check_opts(opts, err);
+	if (ret)
+		return ret;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->opts = *opts;
+	m->be = be;
+	ret = sm70_model_config_parse(&m->cfg, sm70_ckpt_config(ck),
+				      sm70_ckpt_generation_config(ck), err);
+	if (ret)
+		goto fail;
+	m->arch = arch_for(m->cfg.arch);
+	if (!m->arch) {
+		ret = sm70_errf(err, -ENOTSUP, "no engine for model_type '%s'", m->cfg.model_type);
+		goto fail;
+	}
+	ret = alloc_kv(m, err);
+	if (ret)
+		goto fail;
+	bo = batch_layout(m);
+	m->batch_buf = be->ops->buf_alloc(be, bo.total * sizeof(int32_t));
+	m->work = be->ops->buf_alloc(be, m->arch->workspace_bytes(m));
+	m->logits = be->ops->buf_alloc(be, (size_t)opts->max_seqs * m->cfg.vocab_size *
+					   sizeof(float));
+	if (!m->batch_buf || !m->work || !m->logits) {
+		ret = sm70_errf(err, -ENOMEM, "cannot allocate the step workspace on %s",
+				be->name);
+		goto fail;
+	}
+	ret = m->arch->load(m, ck, &m->arch_state, err);
+	if (ret)
+		goto fail;
+	*out = m;
+	return 0;
+fail:
+	sm70_model_free(m);
+	return ret;
+}
+
+void sm70_model_free(struct sm70_model *m)
+{
+	struct sm70_backend *be;
+
+	if (!m)
+		return;
+	be = m->be;
+	if (m->arch && m->arch_state)
+		m->arch->unload(m, m->arch_state);
+	if (m->kv) {
+		for (int l = 0; l < m->cfg.n_layers; l++) {
+			be->ops->buf_free(be, m->kv[l].k);
+			be->ops->buf_free(be, m->kv[l].v);
+		}
+		free(m->kv);
+	}
+	be->ops->buf_free(be, m->logits);
+	be->ops->buf_free(be, m->work);
+	be->ops->buf_free(be, m->batch_buf);
+	free(m);
+}
+
+static int check_step(const struct sm70_model *m, const struct sm70_step *st)
+{
+	if (st->n_tokens <= 0 || st->n_tokens > m->opts.max_tokens)
+		return -EINVAL;
+	if (st->n_seqs <= 0 || st->n_seqs > m->opts.max_seqs)
+		return -EINVAL;
+	if (st->n_out < 0 || st->n_out > m->opts.max_seqs)
+		return -EINVAL;
+	if (st->max_blocks <= 0 || st->max_blocks > max_blocks_per_seq(m))
+		return -EINVAL;
+	if (st->max_pos <= 0 || st->max_pos > m->cfg.max_position)
+		return -EINVAL;
+	return 0;
+}
+
+int sm70_model_forward(struct sm70_model *m, const struct sm70_step *st, float *host_logits)
+{
+	struct sm70_backend *be = m->be;
+	struct batch_offsets bo = batch_layout(m);
+	int32_t *base = m->batch_buf;
+	size_t tok_bytes = (size_t)st->n_tokens * sizeof(int32_t);
+	int ret;
+
+	ret = check_step(m, st);
+	if (ret)
+		return ret;
+	/* Several small uploads; the CUDA backend batches them on one stream. */
+	be->ops->upload(be, base + bo.ids, st->tok_ids, tok_bytes);
+	be->ops->upload(be, base + bo.pos, st->tok_pos, tok_bytes);
+	be->ops->upload(be, base + bo.seq, st->tok_seq, tok_bytes);
+	be->ops->upload(be, base + bo.slot, st->tok_slot, tok_bytes);
+	be->ops->upload(be, base + bo.tables, st->block_tables,
+			(size_t)st->n_seqs * st->max_blocks * sizeof(int32_t));
+	if (st->n_out)
+		be->ops->upload(be, base + bo.out, st->out_rows, (size_t)st->n_out * sizeof(int32_t));
+
+	m->batch = (struct sm70_batch){
+		.n_tokens = st->n_tokens,
+		.n_seqs = st->n_seqs,
+		.max_blocks = st->max_blocks,
+		.max_pos = st->max_pos,
+		.tok_ids = base + bo.ids,
+		.tok_pos = base + bo.pos,
+		.tok_seq = base + bo.seq,
+		.tok_slot = base + bo.slot,
+		.block_tables = base + bo.tables,
+		.n_out = st->n_out,
+		.out_rows = base + bo.out,
+	};
+	m->arch->forward(m, m->arch_state);
+	if (st->n_out) {
+		ret = be->ops->download(be, host_logits, m->logits,
+					(size_t)st->n_out * m->cfg.vocab_size * sizeof(float));
+		if (ret)
+			return ret;
+	}
+	return be->ops->sync(be);
+}
+
+/* ---- weights --------------------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static uint64_t name_seed(const char *name, uint64_t seed)
+{
+	uint64_t h = 0xcbf29ce484222325ull ^ seed; /* FNV-1a */
+
+	for (; *name; name++)
+		h = (h ^ (unsigned char)*name) * 0x100000001b3ull;
+	return h;
+}
+
+/* Uniform in [-1, 1). */
+static float uniform_pm1(uint64_t *s)
+{
+	return (float)((double)(splitmix64(s) >> 40) * 0x1p-23 - 1.0);
+}
+
+static void dummy_fill_bf16(uint16_t *dst, size_t n, const char *name, uint64_t seed,
+			    float scale)
+{
+	uint64_t s = name_seed(name, seed);
+
+	for (size_t i = 0; i < n; i++)
+		dst[i] = sm70_f32_to_bf16(scale * uniform_pm1(&s));
+}
+
+/*
+ * Converts count elements (src of src_dt, or dummy values when src is NULL) into dst
+ * of dt, in chunks through an f32 buffer. Values beyond the f16 range are clamped to
+ * +-65504 and counted in m->clamped_values (bf16 checkpoints can hold them).
+ */
+static int convert_weight(struct sm70_model *m, void *dst, enum sm70_dtype dt, const void *src,
+			  enum sm70_dtype src_dt, size_t count, const char *name, int cols,
+			  struct sm70_err *err)
+{
+	enum { CHUNK = 4096 };
+	float buf[CHUNK];
+	size_t src_esz = sm70_dtype_size(src_dt), dst_esz = sm70_dtype_size(dt);
+	uint16_t *tmp = NULL;
+
+	if (!src) {
+		/* dummy: generate bf16 once, then convert like a checkpoint tensor */
+		tmp = malloc(count * sizeof(uint16_t));
+		if (!tmp)
+			return sm70_errf(err, -ENOMEM, "out of host memory for %s", name);
+		dummy_fill_bf16(tmp, count, name, m->opts.dummy_seed, 1.0f / sqrtf((float)cols));
+		src = tmp;
+	}
+	for (size_t i = 0; i < count; i += CHUNK) {
+		size_t n = count - i < CHUNK ? count - i : CHUNK;
+		char *d = (char *)dst + i * dst_esz;
+
+		sm70_convert_to_f32(buf, (const char *)src + i * src_esz, src_dt, n);
+		for (size_t k = 0; k < n; k++) {
+			float v = buf[k];
+			uint16_t h;
+			switch (dt) {
+			case SM70_DTYPE_F32:
+				memcpy(d + 4 * k, &v, 4);
+				break;
+			case SM70_DTYPE_F16:
+				if (v > 65504.0f || v < -65504.0f) {
+					v = v > 0 ? 65504.0f : -65504.0f;
+					m->clamped_values++;
+				}
+				h = sm70_f32_to_f16(v);
+				memcpy(d + 2 * k, &h, 2);
+				break;
+			case SM70_DTYPE_BF16:
+				h = sm70_f32_to_bf16(v);
+				memcpy(d + 2 * k, &h, 2);
+				break;
+			default:
+				free(tmp);
+				return sm70_errf(err, -EINVAL, "cannot store %s as %s", name,
+						 sm70_dtype_name(dt));
+			}
+		}
+	}
+	free(tmp);
+	return 0;
+}
+
+int sm70__weight_load(struct sm70_model *m, const struct sm70_ckpt *ck, struct sm70_weight *w,
+		      const char *const *names, const int *rows, int n, int cols,
+		      struct sm70_err *err)
+{
+	const struct sm70_st_tensor *t[8];
+	enum sm70_dtype dt = SM70_DTYPE_BF16;
+	size_t esz, total_rows = 0, off = 0;
+	uint8_t *host = NULL;
+	int ret = 0;
+
+	if (n < 1 || n > 8)
+		return -EINVAL;
+	for (int i = 0; i < n; i++) {
+		total_rows += (size_t)rows[i];
+		if (m->opts.dummy)
+			continue;
+		int64_t shape[2] = { rows[i], cols };
+		ret = sm70_ckpt_get(ck, names[i], 2, shape, &t[i], err);
+		if (ret)
+			return ret;
+	}
+	/* Stacked tensors keep their dtype when they agree, else become f32; a backend that
+	 * wants one weight dtype gets that. */
+	if (!m->opts.dummy) {
+		dt = t[0]->dtype;
+		for (int i = 1; i < n; i++)
+			if (t[i]->dtype != dt)
+				dt = SM70_DTYPE_F32;
+	}
+	if (m->be->weight_dtype != SM70_DTYPE_COUNT)
+		dt = m->be->weight_dtype;
+	esz = sm70_dtype_size(dt);
+	host = malloc(total_rows * (size_t)cols * esz);
+	if (!host)
+		return sm70_errf(err, -ENOMEM, "out of host memory loading %s", names[0]);
+	for (int i = 0; i < n; i++) {
+		size_t count = (size_t)rows[i] * (size_t)cols;
+		enum sm70_dtype src_dt = m->opts.dummy ? SM70_DTYPE_BF16 : t[i]->dtype;
+		const void *src = m->opts.dummy ? NULL : t[i]->data;
+
+		if (m->opts.dummy && dt == SM70_DTYPE_BF16) {
+			dummy_fill_bf16((uint16_t *)(host + off), count, names[i], m->opts.dummy_seed,
+					1.0f / sqrtf((float)cols));
+		} else if (m->opts.dummy || src_dt != dt) {
+			ret = convert_weight(m, host + off, dt, src, src_dt, count, names[i],
+					     cols, err);
+			if (ret)
+				goto out;
+		} else {
+			memcpy(host + off, src, count * esz);
+		}
+		off += count * esz;
+	}
+	w->dtype = dt;
+	w->rows = (int)total_rows;
+	w->cols = cols;
+	w->data = m->be->ops->buf_alloc(m->be, off);
+	if (!w->data) {
+		ret = sm70_errf(err, -ENOMEM, "cannot allocate %zu bytes on %s for %s", off,
+				m->be->name, names[0]);
+		goto out;
+	}
+	ret = m->be->ops->upload(m->be, w->data, host, off);
+out:
+	free(host);
+	return ret;
+}
+
+int sm70__norm_load(struct sm70_model *m, const struct sm70_ckpt *ck, float **out,
+		    const char *name, int dim, struct sm70_err *err)
+{
+	const struct sm70_st_tensor *t;
+	float *host;
+	int ret;
+
+	host = malloc((size_t)dim * sizeof(float));
+	if (!host)
+		return -ENOMEM;
+	if (m->opts.dummy) {
+		uint64_t s = name_seed(name, m->opts.dummy_seed);
+		for (int i = 0; i < dim; i++)
+			host[i] = 1.0f + 0.1f * uniform_pm1(&s);
+	} else {
+		int64_t shape[1] = { dim };
+		ret = sm70_ckpt_get(ck, name, 1, shape, &t, err);
+		if (ret)
+			goto out;
+		sm70_convert_to_f32(host, t->data, t->dtype, (size_t)dim);
+	}
+	*out = m->be->ops->buf_alloc(m->be, (size_t)dim * sizeof(float));
+	if (!*out) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = m->be->ops->upload(m->be, *out, host, (size_t)dim * sizeof(float));
+out:
+	free(host);
+	return ret;
+}
+
+void sm70__weight_free(struct sm70_model *m, struct sm70_weight *w)
+{
+	if (w->data)
+		m->be->ops->buf_free(m->be, w->data);
+	w->data = NULL;
+}

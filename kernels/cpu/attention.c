@@ -1,0 +1,181 @@
+/*
+ * attention.c - the CPU attention op: causal attention of each new token over its
+ * sequence's paged KV cache, one (token, head) pair per task.
+ *
+ * A task computes the scores q.k * scale for positions 0..tok_pos into its thread's
+ * scratch slice, the max-subtracted softmax (exp in f32, the normaliser summed in
+ * double), then the probability-weighted sum of V rows into the output row. That is
+ * eager PyTorch's order: matmul, scale, softmax, matmul. K/V stored as f16 or FP8 are
+ * converted element by element on the way in (FP8 as e4m3 * scale).
+ *
+ * If scratch could not be had (or a token's position is past b->max_pos), the task
+ * recomputes the scores in two passes instead: max first, then exp, sum and the V sum
+ * together. Same math, one more pass over K.
+ *
+ * Non-goals: sliding windows, ALiBi, soft-capping, sinks; speed beyond what the
+ * compiler gives plain loops (this is the reference).
+ */
+#include <math.h>
+
+#include "kernels/cpu/cpu_ops.h"
+
+/* K/V rows of f16/FP8 are converted on the stack this many elements (a multiple of 8)
+ * at a time. */
+#define KV_PIECE 64
+
+struct attn_job {
+	float *out;
+	const float *q;
+	int q_ld;
+	const struct sm70_kv_layer *kv;
+	const struct sm70_kv_layout *lay;
+	const struct sm70_batch *b;
+	int n_heads;
+	float scale;
+	float *scratch; /* NULL: two-pass path */
+	size_t stride;  /* floats per thread slice, >= b->max_pos when scratch is set */
+};
+
+/* n cache elements from element index off, as f32 (FP8 times its scale). */
+static void kv_load(float *restrict dst, const void *cache, size_t off, enum sm70_dtype t,
+		    float scale, int n)
+{
+	if (t == SM70_DTYPE_F8E4M3) {
+		const uint8_t *restrict s = (const uint8_t *)cache + off;
+
+		for (int i = 0; i < n; i++)
+			dst[i] = sm70__e4m3_lut[s[i]] * scale;
+	} else {
+		sm70__cpu_row_to_f32(dst, (const char *)cache + off * sm70_dtype_size(t), t,
+				     (size_t)n);
+	}
+}
+
+/* q . row, for the cache row at element index off. */
+static float kv_dot(const float *q, const void *cache, size_t off, enum sm70_dtype t,
+		    float scale, int n)
+{
+	float buf[KV_PIECE], acc[8] = { 0 };
+
+	if (t == SM70_DTYPE_F32)
+		return sm70__cpu_dot(q, (const float *)cache + off, n);
+	for (int k = 0;; k += KV_PIECE) {
+		int m = n - k < KV_PIECE ? n - k : KV_PIECE;
+		int m8 = m & ~7;
+
+		kv_load(buf, cache, off + (size_t)k, t, scale, m);
+		sm70__cpu_dot8(acc, q + k, buf, m8);
+		if (k + m == n)
+			return sm70__cpu_dot_end(acc, q + k + m8, buf + m8, m - m8);
+	}
+}
+
+/* out += p * row, for the cache row at element index off. */
+static void kv_axpy(float *restrict out, float p, const void *cache, size_t off,
+		    enum sm70_dtype t, float scale, int n)
+{
+	float buf[KV_PIECE];
+
+	if (t == SM70_DTYPE_F32) {
+		const float *restrict v = (const float *)cache + off;
+
+		for (int d = 0; d < n; d++)
+			out[d] += p * v[d];
+		return;
+	}
+	for (int k = 0; k < n; k += KV_PIECE) {
+		int m = n - k < KV_PIECE ? n - k : KV_PIECE;
+
+		kv_load(buf, cache, off + (size_t)k, t, scale, m);
+		for (int d = 0; d < m; d++)
+			out[k + d] += p * buf[d];
+	}
+}
+
+static void attn_tasks(void *ctx, int begin, int end, int thread)
+{
+	const struct attn_job *j = ctx;
+	const struct sm70_kv_layout *lay = j->lay;
+	const struct sm70_batch *b = j->b;
+	const int hd = lay->head_dim, bs = lay->block_size;
+	const int group = j->n_heads / lay->n_kv_heads;
+	const enum sm70_dtype t = lay->dtype;
+	const float ks = j->kv->k_scale, vs = j->kv->v_scale;
+	float *scores = j->scratch ? j->scratch + (size_t)thread * j->stride : NULL;
+
+	for (int task = begin; task < end; task++) {
+		const int tok = task / j->n_heads, h = task % j->n_heads;
+		const int npos = b->tok_pos[tok] + 1;
+		const int32_t *bt = b->block_tables + (size_t)b->tok_seq[tok] * b->max_blocks;
+		const float *q = j->q + (size_t)tok * j->q_ld + (size_t)h * hd;
+		float *out = j->out + ((size_t)tok * j->n_heads + h) * hd;
+		const size_t head_off = (size_t)(h / group) * hd;
+		const size_t row = (size_t)lay->n_kv_heads * hd;
+		float mx = -INFINITY, norm;
+		double sum = 0.0;
+
+		for (int d = 0; d < hd; d++)
+			out[d] = 0.0f;
+		if (scores && (size_t)npos <= j->stride) {
+			for (int p = 0; p < npos; p++) {
+				size_t slot = (size_t)bt[p / bs] * bs + p % bs;
+				float s = kv_dot(q, j->kv->k, slot * row + head_off, t, ks, hd) *
+					  j->scale;
+
+				scores[p] = s;
+				mx = s > mx ? s : mx;
+			}
+			for (int p = 0; p < npos; p++) {
+				scores[p] = expf(scores[p] - mx);
+				sum += scores[p];
+			}
+			norm = (float)sum;
+			for (int p = 0; p < npos; p++) {
+				size_t slot = (size_t)bt[p / bs] * bs + p % bs;
+
+				float pr = scores[p] / norm;
+
+				kv_axpy(out, pr, j->kv->v, slot * row + head_off, t, vs, hd);
+			}
+			continue;
+		}
+		/* Two passes, no scratch: the max, then exp, normaliser and V sum together. */
+		for (int p = 0; p < npos; p++) {
+			size_t slot = (size_t)bt[p / bs] * bs + p % bs;
+			float s = kv_dot(q, j->kv->k, slot * row + head_off, t, ks, hd) * j->scale;
+
+			mx = s > mx ? s : mx;
+		}
+		for (int p = 0; p < npos; p++) {
+			size_t slot = (size_t)bt[p / bs] * bs + p % bs;
+			float s = kv_dot(q, j->kv->k, slot * row + head_off, t, ks, hd) * j->scale;
+			float e = expf(s - mx);
+
+			sum += e;
+			kv_axpy(out, e, j->kv->v, slot * row + head_off, t, vs, hd);
+		}
+		norm = (float)sum;
+		for (int d = 0; d < hd; d++)
+			out[d] /= norm;
+	}
+}
+
+/* See backend.h. out must not overlap q or the cache; n_heads must be a multiple of
+ * n_kv_heads; block_tables must hold valid blocks for every position attended to (the
+ * engine's allocator builds them; they never come from a client). */
+void sm70__cpu_attention(struct sm70_backend *be, void *out, const void *q, int q_ld,
+			 const struct sm70_kv_layer *kv, const struct sm70_kv_layout *lay,
+			 const struct sm70_batch *b, int n_heads, float scale)
+{
+	struct sm70__cpu *c = sm70__cpu_of(be);
+	struct attn_job j = { out, q, q_ld, kv, lay, b, n_heads, scale, NULL, 0 };
+	size_t max_pos = b->max_pos > 0 ? (size_t)b->max_pos : 1;
+	long tasks = (long)b->n_tokens * n_heads;
+
+	if (tasks <= 0 || lay->n_kv_heads <= 0 || n_heads % lay->n_kv_heads)
+		return;
+	j.scratch = sm70__cpu_scratch(c, max_pos);
+	j.stride = c->scratch_stride;
+	sm70__pool_run(c->pool, (int)tasks,
+		       sm70__cpu_grain(max_pos * (size_t)lay->head_dim * 4), attn_tasks, &j);
+}

@@ -1,0 +1,253 @@
+/*
+ * cuda_backend.cu - the CUDA backend: construction, memory, the error reporter and the op
+ * table. The ops themselves live one per .cu beside this file.
+ *
+ * One backend drives one device through one non-blocking stream; cuBLAS is bound to the
+ * same stream, so every op, upload and download is ordered by the stream alone. Memory is
+ * plain cudaMalloc (zeroed, like the CPU backend's). Uploads copy through pinned staging
+ * slots so that the caller may free its buffer at once without the stream being drained.
+ *
+ * Non-goals: multi-stream overlap, memory pools, CUDA graphs (the engine captures those
+ * around the op table), recovery from a faulted context.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_check.h"
+
+void sm70__cuda_fail(struct sm70_backend *be, const char *call, const char *file, int line,
+		     const char *msg)
+{
+	fprintf(stderr, "%s:%d: %s: %s\n", file, line, call, msg);
+	if (be && be->priv) {
+		struct sm70__cuda *c = (struct sm70__cuda *)be->priv;
+
+		if (!c->sticky)
+			c->sticky = -EIO;
+	}
+}
+
+static void *cuda_buf_alloc(struct sm70_backend *be, size_t bytes)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+	void *p = NULL;
+
+	/* A failed cudaMalloc is an answer (NULL), not a fault of the context: no sticky
+	 * error, but clear the "last error" so the next launch check does not see it. */
+	if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+		cudaGetLastError();
+		return NULL;
+	}
+	if (SM70_CUDA_CHECK(be, cudaMemsetAsync(p, 0, bytes, c->stream))) {
+		cudaFree(p);
+		return NULL;
+	}
+	return p;
+}
+
+static void cuda_buf_free(struct sm70_backend *be, void *p)
+{
+	sm70__cuda_enter(be);
+	if (p)
+		SM70_CUDA_CHECK(be, cudaFree(p));
+}
+
+/* Copies through the pinned slots: a slot is reused only after its last copy finished, so
+ * small uploads (a step's batch arrays) never wait for the stream to drain. */
+static int cuda_upload(struct sm70_backend *be, void *dst, const void *src, size_t bytes)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+	size_t off = 0;
+
+	if (!c->stage[0]) {
+		/* No pinned memory: copy straight from the caller's buffer and wait. */
+		if (SM70_CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+							 c->stream)) ||
+		    SM70_CUDA_CHECK(be, cudaStreamSynchronize(c->stream)))
+			return -EIO;
+		return 0;
+	}
+	while (off < bytes) {
+		int s = c->stage_next;
+		size_t n = bytes - off < SM70__CUDA_STAGE_BYTES ? bytes - off :
+								  SM70__CUDA_STAGE_BYTES;
+
+		c->stage_next = (s + 1) % SM70__CUDA_STAGE_SLOTS;
+		if (SM70_CUDA_CHECK(be, cudaEventSynchronize(c->stage_done[s])))
+			return -EIO;
+		memcpy(c->stage[s], (const char *)src + off, n);
+		if (SM70_CUDA_CHECK(be, cudaMemcpyAsync((char *)dst + off, c->stage[s], n,
+							 cudaMemcpyHostToDevice, c->stream)) ||
+		    SM70_CUDA_CHECK(be, cudaEventRecord(c->stage_done[s], c->stream)))
+			return -EIO;
+		off += n;
+	}
+	return 0;
+}
+
+static int cuda_download(struct sm70_backend *be, void *dst, const void *src, size_t bytes)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+
+	if (SM70_CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
+						 c->stream)) ||
+	    SM70_CUDA_CHECK(be, cudaStreamSynchronize(c->stream)))
+		return -EIO;
+	return c->sticky;
+}
+
+static int cuda_sync(struct sm70_backend *be)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+
+	if (SM70_CUDA_CHECK(be, cudaStreamSynchronize(c->stream)))
+		return -EIO;
+	return c->sticky;
+}
+
+/* Releases whatever create got, in reverse order; safe on a partly made backend. */
+static void cuda_release(struct sm70__cuda *c)
+{
+	struct sm70_backend *be = &c->be;
+
+	cudaSetDevice(c->device);
+	if (c->stream)
+		cudaStreamSynchronize(c->stream);
+	for (int s = SM70__CUDA_STAGE_SLOTS - 1; s >= 0; s--) {
+		if (c->stage_done[s])
+			SM70_CUDA_CHECK(be, cudaEventDestroy(c->stage_done[s]));
+		if (c->stage[s])
+			SM70_CUDA_CHECK(be, cudaFreeHost(c->stage[s]));
+	}
+	if (c->attn_part)
+		SM70_CUDA_CHECK(be, cudaFree(c->attn_part));
+	if (c->blas)
+		SM70_CUBLAS_CHECK(be, cublasDestroy(c->blas));
+	if (c->stream)
+		SM70_CUDA_CHECK(be, cudaStreamDestroy(c->stream));
+	free(c);
+}
+
+static void cuda_destroy(struct sm70_backend *be)
+{
+	cuda_release((struct sm70__cuda *)be->priv);
+}
+
+static const struct sm70_backend_ops cuda_ops = {
+	.buf_alloc = cuda_buf_alloc,
+	.buf_free = cuda_buf_free,
+	.upload = cuda_upload,
+	.download = cuda_download,
+	.sync = cuda_sync,
+	.destroy = cuda_destroy,
+	.embed = sm70__cuda_embed,
+	.add_rmsnorm = sm70__cuda_add_rmsnorm,
+	.add = sm70__cuda_add,
+	.matmul = sm70__cuda_matmul,
+	.head_norm_rope = sm70__cuda_head_norm_rope,
+	.kv_write = sm70__cuda_kv_write,
+	.attention = sm70__cuda_attention,
+	.silu_mul = sm70__cuda_silu_mul,
+	.gather_rows = sm70__cuda_gather_rows,
+};
+
+/* 1 when the environment variable `name` says "reference" (the named path back). */
+static int wants_reference(const char *name)
+{
+	const char *v = getenv(name);
+
+	if (!v || strcmp(v, "reference") != 0)
+		return 0;
+	fprintf(stderr, "sm70 cuda: %s=reference: using the reference kernel\n", name);
+	return 1;
+}
+
+extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
+					struct sm70_err *err)
+{
+	struct sm70__cuda *c = NULL;
+	cudaDeviceProp prop;
+	cudaError_t e;
+	int count = 0, ret = -EIO;
+
+	*out = NULL;
+	e = cudaGetDeviceCount(&count);
+	if (e != cudaSuccess || count == 0) {
+		cudaGetLastError();
+		return sm70_errf(err, -ENODEV, "no CUDA device: %s",
+				 cudaGetErrorString(e != cudaSuccess ? e : cudaErrorNoDevice));
+	}
+	if (device < 0 || device >= count)
+		return sm70_errf(err, -ENODEV, "no CUDA device %d (%d present)", device, count);
+	e = cudaSetDevice(device);
+	if (e == cudaSuccess)
+		e = cudaGetDeviceProperties(&prop, device);
+	if (e != cudaSuccess)
+		return sm70_errf(err, -ENODEV, "CUDA device %d unusable: %s", device,
+				 cudaGetErrorString(e));
+
+	c = (struct sm70__cuda *)calloc(1, sizeof(*c));
+	if (!c)
+		return sm70_errf(err, -ENOMEM, "cuda backend: out of memory");
+	c->device = device;
+	c->n_sm = prop.multiProcessorCount;
+	c->smem_optin = prop.sharedMemPerBlockOptin;
+	c->be.priv = c;
+	e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+	if (e != cudaSuccess) {
+		c->stream = NULL;
+		sm70_errf(err, ret, "cuda backend: cannot create a stream: %s",
+			  cudaGetErrorString(e));
+		goto fail;
+	}
+	if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
+		c->blas = NULL;
+		sm70_errf(err, ret, "cuda backend: cannot create a cuBLAS handle");
+		goto fail;
+	}
+	if (cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS) {
+		sm70_errf(err, ret, "cuda backend: cannot bind cuBLAS to the stream");
+		goto fail;
+	}
+	e = cudaMalloc(&c->attn_part, SM70__CUDA_ATTN_PART_BYTES);
+	if (e != cudaSuccess) {
+		c->attn_part = NULL;
+		ret = -ENOMEM;
+		sm70_errf(err, ret, "cuda backend: cannot allocate attention scratch: %s",
+			  cudaGetErrorString(e));
+		goto fail;
+	}
+	/* Pinned staging is an optimisation: without it uploads are synchronous. */
+	for (int s = 0; s < SM70__CUDA_STAGE_SLOTS; s++) {
+		if (cudaMallocHost(&c->stage[s], SM70__CUDA_STAGE_BYTES) != cudaSuccess ||
+		    cudaEventCreateWithFlags(&c->stage_done[s], cudaEventDisableTiming) !=
+			    cudaSuccess) {
+			cudaGetLastError();
+			for (int i = s; i >= 0; i--) {
+				if (c->stage_done[i])
+					cudaEventDestroy(c->stage_done[i]);
+				if (c->stage[i])
+					cudaFreeHost(c->stage[i]);
+				c->stage_done[i] = NULL;
+				c->stage[i] = NULL;
+			}
+			break;
+		}
+	}
+	c->matmul_ref = wants_reference("SM70_MATMUL");
+	c->attn_ref = wants_reference("SM70_ATTENTION");
+
+	c->be.ops = &cuda_ops;
+	c->be.name = "cuda";
+	c->be.act_dtype = SM70_DTYPE_F16;
+	c->be.weight_dtype = SM70_DTYPE_F16;
+	c->be.kv_dtypes = (1u << SM70_DTYPE_F16) | (1u << SM70_DTYPE_F8E4M3);
+	c->be.kv_dtype_default = SM70_DTYPE_F16;
+	*out = &c->be;
+	return 0;
+
+fail:
+	cuda_release(c);
+	return ret;
+}

@@ -1,0 +1,108 @@
+/*
+ * cuda_check.h - what the CUDA backend's .cu files share: the backend's private state and
+ * the one error reporter every CUDA and cuBLAS call goes through.
+ *
+ * A failed call is logged as "file:line: call: message" on stderr and recorded as the
+ * backend's sticky error; sync() then returns -EIO and the daemon exits non-zero (a CUDA
+ * context that has faulted cannot be trusted again). Ops return void (backend.h), so the
+ * sticky error is how a failed launch reaches the caller.
+ *
+ * C++ (nvcc) only: it includes the CUDA headers, which public and C headers never do.
+ * Non-goals: recovering from a sticky error; more than one caller per backend.
+ */
+#ifndef SM70_KERNELS_CUDA_CUDA_CHECK_H
+#define SM70_KERNELS_CUDA_CUDA_CHECK_H
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+
+extern "C" {
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_ops.h"
+}
+
+/* Pinned staging slots for upload(): the caller's host buffer may be freed as soon as
+ * upload returns, so bytes go through these (memcpy, then an async copy whose event says
+ * when the slot may be reused). */
+#define SM70__CUDA_STAGE_SLOTS 2
+#define SM70__CUDA_STAGE_BYTES (4u << 20)
+
+/* Split-KV attention keeps its partial results here; allocated once at create because
+ * ops never allocate. Attention uses fewer splits when a batch would need more. */
+#define SM70__CUDA_ATTN_PART_BYTES (16u << 20)
+
+/* The backend's private state (be->priv). */
+struct sm70__cuda {
+	struct sm70_backend be;
+	int device;
+	int n_sm;                 /* multiprocessors, for sizing grids */
+	size_t smem_optin;        /* most dynamic shared memory one block may ask for */
+	cudaStream_t stream;      /* every op and copy is queued here */
+	cublasHandle_t blas;      /* bound to stream */
+	int sticky;               /* first error seen (-EIO), 0 while healthy */
+	int matmul_ref;           /* SM70_MATMUL=reference */
+	int attn_ref;             /* SM70_ATTENTION=reference */
+	float *attn_part;         /* split-KV partials, SM70__CUDA_ATTN_PART_BYTES */
+	void *stage[SM70__CUDA_STAGE_SLOTS];
+	cudaEvent_t stage_done[SM70__CUDA_STAGE_SLOTS];
+	int stage_next;
+};
+
+/* The private state of a CUDA backend, with its device made current for this thread (a
+ * cheap call; it keeps one backend per GPU usable from any thread). */
+static inline struct sm70__cuda *sm70__cuda_enter(struct sm70_backend *be)
+{
+	struct sm70__cuda *c = (struct sm70__cuda *)be->priv;
+
+	cudaSetDevice(c->device);
+	return c;
+}
+
+/* Logs "file:line: call: msg" and records the sticky error in be (be may be NULL while
+ * the backend is being made). Defined in cuda_backend.cu. */
+void sm70__cuda_fail(struct sm70_backend *be, const char *call, const char *file, int line,
+		     const char *msg);
+
+static inline int sm70__cuda_check(struct sm70_backend *be, cudaError_t e, const char *call,
+				   const char *file, int line)
+{
+	if (e == cudaSuccess)
+		return 0;
+	sm70__cuda_fail(be, call, file, line, cudaGetErrorString(e));
+	return -EIO;
+}
+
+static inline int sm70__cublas_check(struct sm70_backend *be, cublasStatus_t s,
+				     const char *call, const char *file, int line)
+{
+	if (s == CUBLAS_STATUS_SUCCESS)
+		return 0;
+	sm70__cuda_fail(be, call, file, line, cublasGetStatusString(s));
+	return -EIO;
+}
+
+/* Both evaluate to 0 or -EIO. `be` is the struct sm70_backend the call works for. */
+#define SM70_CUDA_CHECK(be, call) sm70__cuda_check((be), (call), #call, __FILE__, __LINE__)
+#define SM70_CUBLAS_CHECK(be, call) sm70__cublas_check((be), (call), #call, __FILE__, __LINE__)
+/* After a <<<...>>> launch: reports a bad configuration under the kernel's name. */
+#define SM70_CUDA_LAUNCHED(be, kernel) \
+	sm70__cuda_check((be), cudaGetLastError(), "launch " kernel, __FILE__, __LINE__)
+
+/* Sum and max over the 32 lanes of a warp; every lane gets the result. */
+static __device__ __forceinline__ float sm70__warp_sum(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+static __device__ __forceinline__ float sm70__warp_max(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+#endif

@@ -1,0 +1,41 @@
+/*
+ * cuda_ops.h - the CUDA backend's op launchers, one per slot of struct sm70_backend_ops
+ * (kernels/backend.h states each contract; every .cu adds only what is GPU-specific).
+ *
+ * A plain C header (no CUDA types) so that C code and tests may name the launchers; .cu
+ * files include it inside extern "C" { }. On CUDA act_dtype is f16: every `void *`
+ * activation is an array of IEEE half. Every launcher queues work on the backend's one
+ * stream and returns at once; failures go to the backend's sticky error (cuda_check.h).
+ *
+ * Non-goals: ops beyond backend.h.
+ */
+#ifndef SM70_KERNELS_CUDA_CUDA_OPS_H
+#define SM70_KERNELS_CUDA_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+
+void sm70__cuda_embed(struct sm70_backend *be, float *x, const struct sm70_weight *table,
+		      const int32_t *ids, int n);
+void sm70__cuda_add_rmsnorm(struct sm70_backend *be, void *y, float *resid, const void *delta,
+			    const float *w, int n, int dim, float eps);
+void sm70__cuda_add(struct sm70_backend *be, float *resid, const void *x, size_t count);
+void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, const void *x,
+		       const struct sm70_weight *w, int n);
+void sm70__cuda_head_norm_rope(struct sm70_backend *be, void *qk, int ld, int n, int n_heads,
+			       int head_dim, const float *norm_w, float eps, const int32_t *pos,
+			       int rot_dim, double theta);
+void sm70__cuda_kv_write(struct sm70_backend *be, const struct sm70_kv_layer *kv,
+			 const struct sm70_kv_layout *lay, const void *k, const void *v, int ld,
+			 const int32_t *slots, int n);
+void sm70__cuda_attention(struct sm70_backend *be, void *out, const void *q, int q_ld,
+			  const struct sm70_kv_layer *kv, const struct sm70_kv_layout *lay,
+			  const struct sm70_batch *b, int n_heads, float scale);
+void sm70__cuda_silu_mul(struct sm70_backend *be, void *out, const void *gate_up, int n,
+			 int inter);
+void sm70__cuda_gather_rows(struct sm70_backend *be, void *dst, const void *src,
+			    const int32_t *rows, int n, int dim, int is_f32);
+
+#endif

@@ -1,0 +1,100 @@
+/*
+ * kv_write.cu - the CUDA kv_write op: new K and V rows (f16, inside the qkv matmul output)
+ * into their paged-cache slots, as f16 or as FP8-E4M3 of x / scale.
+ *
+ * The FP8 encoding is done in integer arithmetic (round to nearest even, saturating at
+ * +-448, NaN to 0x7f), bit-for-bit the encoder in common/dtype.c, so it needs no FP8
+ * hardware (SM75 has none) and a cache written here equals one written by the CPU twin.
+ * The division x / scale is IEEE f32 in both (nvcc's default -prec-div=true).
+ *
+ * Non-goals: per-head or per-token scales; a native cvt path on SM89+ (the software
+ * encode is a handful of integer ops per element on a tiny tensor).
+ */
+#include "kernels/cuda/cuda_check.h"
+
+/* f32 -> e4m3 with RNE and saturation; mirrors sm70_f32_to_e4m3. */
+static __device__ __forceinline__ uint8_t f32_to_e4m3(float f)
+{
+	uint32_t u = __float_as_uint(f);
+	uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+	uint32_t a = u & 0x7fffffffu;
+
+	if (a > 0x7f800000u)
+		return 0x7f;
+	if (__uint_as_float(a) >= 448.0f)
+		return sign | 0x7e;
+	if (a < 0x3c800000u) {
+		/* below 2^-6: steps of 2^-9; a * 2^9 is exact, rintf rounds half to even */
+		return sign | (uint8_t)rintf(__uint_as_float(a) * 512.0f);
+	}
+	{
+		/* normal: keep 3 mantissa bits, RNE on the 20 dropped; a carry moves into
+		 * the exponent, which the code arithmetic below absorbs */
+		int e = (int)(a >> 23) - 127;
+		uint32_t m = a & 0x7fffffu;
+		uint32_t q = 8u + (m >> 20);
+		uint32_t rest = m & 0xfffffu;
+		uint32_t code;
+
+		if (rest > 0x80000u || (rest == 0x80000u && (q & 1u)))
+			q++;
+		code = (uint32_t)((e + 7) << 3) + (q - 8u);
+		if (code > 0x7e)
+			code = 0x7e;
+		return sign | (uint8_t)code;
+	}
+}
+
+template <bool FP8>
+static __global__ void kv_write_kernel(void *kc, void *vc, const __half *__restrict__ k,
+				       const __half *__restrict__ v, int ld,
+				       const int32_t *__restrict__ slots, long n_slots, int row,
+				       float k_scale, float v_scale)
+{
+	const int32_t slot = slots[blockIdx.x];
+	const __half *ks = k + (size_t)blockIdx.x * ld;
+	const __half *vs = v + (size_t)blockIdx.x * ld;
+	const size_t base = (size_t)slot * row;
+
+	/* A negative slot marks a padding row; one past the cache must not become a wild
+	 * write. */
+	if (slot < 0 || slot >= n_slots)
+		return;
+	for (int d = threadIdx.x; d < row; d += blockDim.x) {
+		if (FP8) {
+			((uint8_t *)kc)[base + d] = f32_to_e4m3(__half2float(ks[d]) / k_scale);
+			((uint8_t *)vc)[base + d] = f32_to_e4m3(__half2float(vs[d]) / v_scale);
+		} else {
+			((__half *)kc)[base + d] = ks[d];
+			((__half *)vc)[base + d] = vs[d];
+		}
+	}
+}
+
+/* See backend.h. Cache dtype f16 or f8e4m3; rows whose slot is negative or beyond the
+ * cache are skipped. */
+extern "C" void sm70__cuda_kv_write(struct sm70_backend *be, const struct sm70_kv_layer *kv,
+				    const struct sm70_kv_layout *lay, const void *k,
+				    const void *v, int ld, const int32_t *slots, int n)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+	const int row = lay->n_kv_heads * lay->head_dim;
+	const long n_slots = (long)lay->n_blocks * lay->block_size;
+	const int threads = row >= 256 ? 256 : 128;
+
+	if (n <= 0 || row <= 0)
+		return;
+	if (lay->dtype == SM70_DTYPE_F16) {
+		kv_write_kernel<false><<<n, threads, 0, c->stream>>>(
+			kv->k, kv->v, (const __half *)k, (const __half *)v, ld, slots, n_slots, row,
+			kv->k_scale, kv->v_scale);
+	} else if (lay->dtype == SM70_DTYPE_F8E4M3) {
+		kv_write_kernel<true><<<n, threads, 0, c->stream>>>(
+			kv->k, kv->v, (const __half *)k, (const __half *)v, ld, slots, n_slots, row,
+			kv->k_scale, kv->v_scale);
+	} else {
+		sm70__cuda_fail(be, "kv_write", __FILE__, __LINE__, "unsupported KV dtype");
+		return;
+	}
+	SM70_CUDA_LAUNCHED(be, "kv_write_kernel");
+}

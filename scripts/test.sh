@@ -1,0 +1,14 @@
+#!/bin/sh
+# Installs what is missing, builds, and runs every test: the normal build, then the
+# whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# Usage: scripts/test.sh            (from anywhere; needs root or sudo for installs)
+set -eu
+cd "$(dirname "$0")/.."
+jobs=$(nproc 2>/dev/null || echo 2)
+
+scripts/install-deps.sh
+echo "== build and test (release)"
+scons -Q -j"$jobs" test
+echo "== build and test (ASan + UBSan)"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	scons -Q -j"$jobs" BUILD_DIR=build/asan SANITIZE=address,undefined CUDA=0 test

@@ -1,0 +1,277 @@
+/*
+ * test_engine - scheduling behaviour of the engine on a real (tiny) model: preemption
+ * under a starved KV pool gives the same tokens, seeded sampling does not depend on
+ * batch composition, stop tokens / EOS / length finish correctly, cancellation frees
+ * memory, bad requests are refused with a message, and dummy weights are deterministic.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "daemon/engine/engine.h"
+
+#define MODEL "tests/fixtures/qwen3-gqa2-d64-tied"
+#define MAXR 8
+#define MAXT 128
+
+struct out {
+	uint64_t ids[MAXR];
+	int n_req;
+	int n[MAXR];
+	int32_t tok[MAXR][MAXT];
+	enum sm70_finish finish[MAXR];
+	int completion[MAXR];
+};
+
+static void on_event(void *ctx, const struct sm70_event *ev)
+{
+	struct out *o = ctx;
+
+	for (int i = 0; i < o->n_req; i++) {
+		if (o->ids[i] != ev->id)
+			continue;
+		if (ev->sample.token >= 0 && o->n[i] < MAXT)
+			o->tok[i][o->n[i]++] = ev->sample.token;
+		if (ev->finish) {
+			assert_int_equal(o->finish[i], SM70_FINISH_NONE); /* exactly one final */
+			o->finish[i] = ev->finish;
+			o->completion[i] = ev->completion_tokens;
+		}
+		return;
+	}
+	fail_msg("event for unknown request");
+}
+
+static struct sm70_engine *open_engine(const struct sm70_engine_opts *eo)
+{
+	struct sm70_engine *e = NULL;
+	struct sm70_err err = { { 0 } };
+
+	if (sm70_engine_open(&e, MODEL, eo, &err))
+		fail_msg("open: %s", err.msg);
+	return e;
+}
+
+static void submit(struct sm70_engine *e, struct out *o, const struct sm70_request *r)
+{
+	struct sm70_err err = { { 0 } };
+
+	if (sm70_engine_submit(e, r, &o->ids[o->n_req], &err))
+		fail_msg("submit: %s", err.msg);
+	o->n_req++;
+}
+
+static void drain(struct sm70_engine *e, struct out *o)
+{
+	int guard = 0;
+
+	while (sm70_engine_busy(e)) {
+		assert_true(sm70_engine_step(e, on_event, o) >= 0);
+		assert_true(++guard < 10000);
+	}
+}
+
+static int32_t prompt_a[40], prompt_b[90];
+
+static void make_prompts(void)
+{
+	for (int i = 0; i < 40; i++)
+		prompt_a[i] = (i * 37 + 11) % 500;
+	for (int i = 0; i < 90; i++)
+		prompt_b[i] = (i * 53 + 7) % 500;
+}
+
+/* Two requests that together need more KV blocks than the pool has: the newer is
+ * preempted and recomputed, and both still produce the tokens they produce alone. */
+static void test_preemption_same_tokens(void **state)
+{
+	struct sm70_engine_opts eo;
+	struct sm70_request ra = { .prompt = prompt_a, .n_prompt = 40, .max_new_tokens = 60,
+				   .ignore_eos = 1, .sampling = { .temperature = 0.9f,
+				   .top_p = 0.9f, .seed = 5 } };
+	struct sm70_request rb = ra;
+	struct out alone = { 0 }, both = { 0 };
+	struct sm70_engine *e;
+	struct sm70_engine_stats st;
+
+	make_prompts();
+	rb.prompt = prompt_b;
+	rb.n_prompt = 90;
+	rb.sampling.seed = 6;
+	sm70_engine_opts_default(&eo);
+	eo.block_size = 8;
+	eo.kv_blocks = 24; /* 192 tokens: a needs 100, b needs 150 */
+
+	e = open_engine(&eo);
+	submit(e, &alone, &ra);
+	drain(e, &alone);
+	submit(e, &alone, &rb);
+	drain(e, &alone);
+	sm70_engine_close(e);
+
+	e = open_engine(&eo);
+	submit(e, &both, &ra);
+	submit(e, &both, &rb);
+	drain(e, &both);
+	sm70_engine_get_stats(e, &st);
+	assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+	sm70_engine_close(e);
+
+	printf("preemptions: %llu; tokens a %d, b %d\n", (unsigned long long)st.preemptions,
+	       both.n[0], both.n[1]);
+	assert_true(st.preemptions >= 1);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(both.n[i], 60);
+		assert_memory_equal(both.tok[i], alone.tok[i], sizeof(int32_t) * 60);
+		assert_int_equal(both.finish[i], SM70_FINISH_LENGTH);
+	}
+}
+
+static void test_stop_and_length(void **state)
+{
+	struct sm70_engine_opts eo;
+	struct sm70_request r = { .prompt = prompt_a, .n_prompt = 10, .max_new_tokens = 12,
+				  .ignore_eos = 1, .sampling = { .top_p = 1.0f } };
+	struct out o = { 0 }, o2 = { 0 };
+	struct sm70_engine *e;
+
+	make_prompts();
+	sm70_engine_opts_default(&eo);
+	e = open_engine(&eo);
+	submit(e, &o, &r);
+	drain(e, &o);
+	assert_int_equal(o.n[0], 12);
+	assert_int_equal(o.finish[0], SM70_FINISH_LENGTH);
+	assert_int_equal(o.completion[0], 12);
+
+	/* The 5th greedy token as a stop token ends the request there, included. */
+	r.n_stop = 1;
+	r.stop_ids[0] = o.tok[0][4];
+	int first = 0;
+	while (o.tok[0][first] != r.stop_ids[0])
+		first++;
+	submit(e, &o2, &r);
+	drain(e, &o2);
+	printf("stop token %d first generated at step %d; stopped after %d tokens\n",
+	       r.stop_ids[0], first, o2.n[0]);
+	assert_int_equal(o2.n[0], first + 1);
+	assert_int_equal(o2.finish[0], SM70_FINISH_STOP);
+	sm70_engine_close(e);
+}
+
+static void test_cancel_frees_blocks(void **state)
+{
+	struct sm70_engine_opts eo;
+	struct sm70_request r = { .prompt = prompt_b, .n_prompt = 90, .max_new_tokens = 100,
+				  .ignore_eos = 1, .sampling = { .top_p = 1.0f } };
+	struct out o = { 0 };
+	struct sm70_engine *e;
+	struct sm70_engine_stats st;
+
+	make_prompts();
+	sm70_engine_opts_default(&eo);
+	e = open_engine(&eo);
+	submit(e, &o, &r);
+	submit(e, &o, &r);
+	for (int i = 0; i < 3; i++)
+		assert_true(sm70_engine_step(e, on_event, &o) >= 0);
+	sm70_engine_get_stats(e, &st);
+	assert_true(st.kv_blocks_free < st.kv_blocks_total);
+	assert_int_equal(sm70_engine_cancel(e, o.ids[0]), 0);
+	assert_int_equal(sm70_engine_cancel(e, o.ids[1]), 0);
+	assert_int_equal(sm70_engine_cancel(e, 999999), -ENOENT);
+	assert_true(sm70_engine_step(e, on_event, &o) >= 2);
+	sm70_engine_get_stats(e, &st);
+	assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+	assert_int_equal(o.finish[0], SM70_FINISH_CANCELLED);
+	assert_int_equal(o.finish[1], SM70_FINISH_CANCELLED);
+	assert_false(sm70_engine_busy(e));
+	printf("cancelled after %d and %d tokens; all %d blocks free\n", o.n[0], o.n[1],
+	       st.kv_blocks_total);
+	sm70_engine_close(e);
+}
+
+static void expect_refused(struct sm70_engine *e, const struct sm70_request *r, int code,
+			   const char *needle)
+{
+	struct sm70_err err = { { 0 } };
+	uint64_t id;
+
+	assert_int_equal(sm70_engine_submit(e, r, &id, &err), code);
+	printf("refused: %s\n", err.msg);
+	assert_non_null(strstr(err.msg, needle));
+}
+
+static void test_bad_requests(void **state)
+{
+	struct sm70_engine_opts eo;
+	int32_t bad[2] = { 3, 512 };
+	int32_t *huge = calloc(5000, sizeof(int32_t));
+	struct sm70_request ok = { .prompt = bad, .n_prompt = 1, .max_new_tokens = 4,
+				   .sampling = { .top_p = 1.0f } };
+	struct sm70_request r;
+	struct sm70_engine *e;
+
+	sm70_engine_opts_default(&eo);
+	e = open_engine(&eo);
+	r = ok; r.n_prompt = 2;
+	expect_refused(e, &r, -EINVAL, "outside the vocabulary");
+	r = ok; r.n_prompt = 0;
+	expect_refused(e, &r, -EINVAL, "empty");
+	r = ok; r.max_new_tokens = 0;
+	expect_refused(e, &r, -EINVAL, "max_new_tokens");
+	r = ok; r.sampling.top_p = 0;
+	expect_refused(e, &r, -EINVAL, "sampling");
+	r = ok; r.sampling.temperature = -1;
+	expect_refused(e, &r, -EINVAL, "sampling");
+	r = ok; r.prompt = huge; r.n_prompt = 5000;
+	expect_refused(e, &r, -E2BIG, "context");
+	r = ok; r.n_stop = 9;
+	expect_refused(e, &r, -EINVAL, "stop tokens");
+	assert_false(sm70_engine_busy(e));
+	sm70_engine_close(e);
+	free(huge);
+}
+
+/* Dummy weights: same seed, same tokens; another seed, other tokens. */
+static void test_dummy_deterministic(void **state)
+{
+	struct sm70_engine_opts eo;
+	struct sm70_request r = { .prompt = prompt_a, .n_prompt = 8, .max_new_tokens = 8,
+				  .ignore_eos = 1, .sampling = { .top_p = 1.0f } };
+	struct out o[3];
+
+	memset(o, 0, sizeof(o));
+
+	make_prompts();
+	sm70_engine_opts_default(&eo);
+	eo.dummy_weights = 1;
+	for (int i = 0; i < 3; i++) {
+		eo.dummy_seed = i == 2 ? 99 : 1;
+		struct sm70_engine *e = open_engine(&eo);
+		submit(e, &o[i], &r);
+		drain(e, &o[i]);
+		sm70_engine_close(e);
+	}
+	assert_memory_equal(o[0].tok[0], o[1].tok[0], sizeof(int32_t) * 8);
+	assert_memory_not_equal(o[0].tok[0], o[2].tok[0], sizeof(int32_t) * 8);
+	printf("dummy seed 1 twice: same 8 tokens; seed 99: different\n");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_preemption_same_tokens),
+		cmocka_unit_test(test_stop_and_length),
+		cmocka_unit_test(test_cancel_frees_blocks),
+		cmocka_unit_test(test_bad_requests),
+		cmocka_unit_test(test_dummy_deterministic),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

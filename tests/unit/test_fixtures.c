@@ -1,0 +1,219 @@
+/*
+ * test_fixtures - the CPU engine reproduces transformers on every committed fixture:
+ * greedy tokens exactly, top-5 logprob gaps within 1e-3, alone and batched together
+ * (mixed lengths, chunked prefill, small KV blocks).
+ */
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "daemon/engine/engine.h"
+
+#define FIXTURES "tests/fixtures"
+#define GAP_TOL 1e-3
+#define MAX_CASES 8
+#define MAX_STEPS 64
+
+struct got {
+	int n;
+	int32_t tok[MAX_STEPS];
+	struct sm70_sample_result s[MAX_STEPS];
+	enum sm70_finish finish;
+};
+
+struct collect {
+	uint64_t ids[MAX_CASES];
+	struct got got[MAX_CASES];
+	int n;
+};
+
+static void on_event(void *ctx, const struct sm70_event *ev)
+{
+	struct collect *c = ctx;
+
+	for (int i = 0; i < c->n; i++) {
+		if (c->ids[i] != ev->id)
+			continue;
+		struct got *g = &c->got[i];
+		if (ev->sample.token >= 0 && g->n < MAX_STEPS) {
+			g->tok[g->n] = ev->sample.token;
+			g->s[g->n] = ev->sample;
+			g->n++;
+		}
+		if (ev->finish)
+			g->finish = ev->finish;
+		return;
+	}
+	fail_msg("event for unknown request %llu", (unsigned long long)ev->id);
+}
+
+/* Submits cases [first, first+count) of ref together and runs them to completion. */
+static void run_cases(const char *dir, json_t *cases, int first, int count,
+		      const struct sm70_engine_opts *eo, struct collect *c)
+{
+	struct sm70_engine *e = NULL;
+	struct sm70_err err = { { 0 } };
+	int ret = sm70_engine_open(&e, dir, eo, &err);
+
+	if (ret)
+		fail_msg("open %s: %s", dir, err.msg);
+	memset(c, 0, sizeof(*c));
+	for (int i = 0; i < count; i++) {
+		json_t *cs = json_array_get(cases, (size_t)(first + i));
+		json_t *prompt = json_object_get(cs, "prompt");
+		int n = (int)json_array_size(prompt);
+		int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+		struct sm70_request r = {
+			.prompt = ids, .n_prompt = n,
+			.max_new_tokens = (int)json_integer_value(json_object_get(cs,
+								"max_new_tokens")),
+			.sampling = { .temperature = 0, .top_p = 1.0f, .top_logprobs = 5 },
+		};
+		for (int k = 0; k < n; k++)
+			ids[k] = (int32_t)json_integer_value(json_array_get(prompt, (size_t)k));
+		ret = sm70_engine_submit(e, &r, &c->ids[i], &err);
+		free(ids);
+		assert_int_equal(ret, 0);
+		c->n++;
+	}
+	while (sm70_engine_busy(e))
+		assert_true(sm70_engine_step(e, on_event, c) >= 0);
+	sm70_engine_close(e);
+}
+
+/* Compares one run against the reference; returns the worst gap difference. */
+static double check_case(const char *name, int idx, json_t *cs, const struct got *g)
+{
+	json_t *toks = json_object_get(cs, "tokens");
+	json_t *tops = json_object_get(cs, "top_logprobs");
+	int n = (int)json_array_size(toks);
+	double worst = 0;
+
+	if (g->n != n)
+		fail_msg("%s case %d: %d tokens, reference has %d", name, idx, g->n, n);
+	for (int i = 0; i < n; i++) {
+		int want = (int)json_integer_value(json_array_get(toks, (size_t)i));
+		json_t *ref = json_array_get(tops, (size_t)i);
+		double ref0 = json_real_value(json_object_get(json_array_get(ref, 0), "logprob"));
+
+		if (g->tok[i] != want)
+			fail_msg("%s case %d step %d: token %d, transformers chose %d", name, idx, i,
+				 g->tok[i], want);
+		assert_true(g->s[i].n_top == 5);
+		for (int k = 1; k < 5; k++) {
+			double rk = json_real_value(json_object_get(json_array_get(ref, (size_t)k),
+								    "logprob"));
+			double ours = (double)g->s[i].top_logprobs[0] - g->s[i].top_logprobs[k];
+			double d = fabs(ours - (ref0 - rk));
+			if (d > worst)
+				worst = d;
+			if (d > GAP_TOL)
+				fail_msg("%s case %d step %d: top-%d gap %.6f, reference %.6f", name,
+					 idx, i, k, ours, ref0 - rk);
+		}
+		double dl = fabs((double)g->s[i].logprob - ref0);
+		if (dl > worst)
+			worst = dl;
+		if (dl > GAP_TOL)
+			fail_msg("%s case %d step %d: logprob %.6f, reference %.6f", name, idx, i,
+				 g->s[i].logprob, ref0);
+	}
+	return worst;
+}
+
+static json_t *load_ref(const char *dir)
+{
+	char path[512];
+	json_error_t je;
+	json_t *ref;
+
+	snprintf(path, sizeof(path), "%s/reference.json", dir);
+	ref = json_load_file(path, 0, &je);
+	if (!ref)
+		fail_msg("%s: %s", path, je.text);
+	return ref;
+}
+
+static void for_each_fixture(void (*fn)(const char *dir, const char *name))
+{
+	DIR *d = opendir(FIXTURES);
+	struct dirent *de;
+	int n = 0;
+
+	assert_non_null(d);
+	while ((de = readdir(d))) {
+		char dir[512];
+		if (strncmp(de->d_name, "qwen3", 5) != 0)
+			continue;
+		snprintf(dir, sizeof(dir), FIXTURES "/%s", de->d_name);
+		fn(dir, de->d_name);
+		n++;
+	}
+	closedir(d);
+	assert_true(n >= 3);
+}
+
+static void alone(const char *dir, const char *name)
+{
+	json_t *ref = load_ref(dir), *cases = json_object_get(ref, "cases");
+	struct sm70_engine_opts eo;
+	struct collect c;
+
+	sm70_engine_opts_default(&eo);
+	for (size_t i = 0; i < json_array_size(cases); i++) {
+		run_cases(dir, cases, (int)i, 1, &eo, &c);
+		double worst = check_case(name, (int)i, json_array_get(cases, i), &c.got[0]);
+		printf("%-24s case %zu alone: %2d tokens equal, worst logprob/gap diff %.2e\n",
+		       name, i, c.got[0].n, worst);
+	}
+	json_decref(ref);
+}
+
+static void batched(const char *dir, const char *name)
+{
+	json_t *ref = load_ref(dir), *cases = json_object_get(ref, "cases");
+	int n = (int)json_array_size(cases);
+	struct sm70_engine_opts eo;
+	struct collect c;
+
+	sm70_engine_opts_default(&eo);
+	eo.max_batch_tokens = 48; /* long prompts take several chunked steps */
+	eo.block_size = 7;        /* odd size: many blocks, boundaries everywhere */
+	eo.max_seqs = 4;
+	eo.n_threads = 2;
+	assert_true(n <= MAX_CASES);
+	run_cases(dir, cases, 0, n, &eo, &c);
+	for (int i = 0; i < n; i++) {
+		double worst = check_case(name, i, json_array_get(cases, (size_t)i), &c.got[i]);
+		printf("%-24s case %d batched with %d: tokens equal, worst diff %.2e\n", name, i,
+		       n - 1, worst);
+	}
+	json_decref(ref);
+}
+
+static void test_alone(void **state)
+{
+	for_each_fixture(alone);
+}
+
+static void test_batched(void **state)
+{
+	for_each_fixture(batched);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_alone),
+		cmocka_unit_test(test_batched),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

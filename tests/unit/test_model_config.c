@@ -1,0 +1,301 @@
+/* test_model_config - config.json parsing: fixture values, defaults, text_config, errors. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "daemon/engine/model_config.h"
+
+#define FIX "tests/fixtures/"
+
+static const char base_json[] =
+	"{\"model_type\": \"qwen3\", \"vocab_size\": 100, \"hidden_size\": 64,"
+	" \"intermediate_size\": 128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+	" \"num_key_value_heads\": 2}";
+
+static json_t *load(const char *text)
+{
+	json_error_t jerr;
+	json_t *j = json_loads(text, 0, &jerr);
+
+	if (!j)
+		fail_msg("test JSON does not parse: %s: %s", jerr.text, text);
+	return j;
+}
+
+/* base_json with the keys of patch (a JSON object text) set over it. */
+static json_t *patched(const char *patch)
+{
+	json_t *base = load(base_json), *p = load(patch);
+
+	assert_int_equal(json_object_update(base, p), 0);
+	json_decref(p);
+	return base;
+}
+
+static long long ival(json_t *obj, const char *key)
+{
+	json_t *v = json_object_get(obj, key);
+
+	assert_true(json_is_integer(v));
+	return json_integer_value(v);
+}
+
+static void check_fixture(const char *dir, int eos0)
+{
+	char path[256];
+	json_t *cfg, *gen, *eos;
+	struct sm70_model_config mc;
+	struct sm70_err e = { { 0 } };
+
+	snprintf(path, sizeof(path), FIX "%s/config.json", dir);
+	cfg = json_load_file(path, 0, NULL);
+	assert_non_null(cfg);
+	snprintf(path, sizeof(path), FIX "%s/generation_config.json", dir);
+	gen = json_load_file(path, 0, NULL);
+	assert_non_null(gen);
+
+	assert_int_equal(sm70_model_config_parse(&mc, cfg, gen, &e), 0);
+	assert_int_equal(mc.arch, SM70_ARCH_QWEN3);
+	assert_string_equal(mc.model_type, "qwen3");
+	assert_int_equal(mc.vocab_size, ival(cfg, "vocab_size"));
+	assert_int_equal(mc.hidden_size, ival(cfg, "hidden_size"));
+	assert_int_equal(mc.intermediate_size, ival(cfg, "intermediate_size"));
+	assert_int_equal(mc.n_layers, ival(cfg, "num_hidden_layers"));
+	assert_int_equal(mc.n_heads, ival(cfg, "num_attention_heads"));
+	assert_int_equal(mc.n_kv_heads, ival(cfg, "num_key_value_heads"));
+	assert_int_equal(mc.head_dim, ival(cfg, "head_dim"));
+	assert_int_equal(mc.rot_dim, mc.head_dim);
+	assert_int_equal(mc.max_position, ival(cfg, "max_position_embeddings"));
+	assert_int_equal(mc.tie_word_embeddings,
+			 json_is_true(json_object_get(cfg, "tie_word_embeddings")));
+	assert_true(mc.rms_norm_eps ==
+		    (float)json_real_value(json_object_get(cfg, "rms_norm_eps")));
+	assert_true(mc.rope_theta == json_real_value(json_object_get(
+					     json_object_get(cfg, "rope_parameters"), "rope_theta")));
+	eos = json_object_get(gen, "eos_token_id");
+	assert_int_equal(mc.n_eos, json_array_size(eos));
+	for (int i = 0; i < mc.n_eos; i++)
+		assert_int_equal(mc.eos_ids[i], json_integer_value(json_array_get(eos, i)));
+	assert_int_equal(mc.eos_ids[0], eos0);
+	print_message("  %-22s vocab %d hidden %d ffn %d layers %d heads %d/%d hd %d pos %d "
+		      "tie %d eps %g theta %g eos %d(+%d) match the JSON\n", dir, mc.vocab_size,
+		      mc.hidden_size, mc.intermediate_size, mc.n_layers, mc.n_heads,
+		      mc.n_kv_heads, mc.head_dim, mc.max_position, mc.tie_word_embeddings,
+		      mc.rms_norm_eps, mc.rope_theta, mc.eos_ids[0], mc.n_eos - 1);
+	json_decref(gen);
+	json_decref(cfg);
+}
+
+static void test_fixtures(void **state)
+{
+	check_fixture("qwen3-gqa2-d64-tied", 511);
+	check_fixture("qwen3-gqa6-d256-long", 1020);
+	check_fixture("qwen3-mha-d32-f16", 383);
+}
+
+static void test_generation_eos_wins(void **state)
+{
+	json_t *cfg = json_load_file(FIX "qwen3-gqa6-d256-long/config.json", 0, NULL);
+	json_t *gen = load("{\"eos_token_id\": [1020, 1021, 7]}");
+	json_t *gen_none = load("{\"bos_token_id\": 0}");
+	struct sm70_model_config mc;
+	struct sm70_err e = { { 0 } };
+
+	assert_non_null(cfg);
+	assert_int_equal(sm70_model_config_parse(&mc, cfg, gen, &e), 0);
+	assert_int_equal(mc.n_eos, 3);
+	assert_int_equal(mc.eos_ids[0], 1020);
+	assert_int_equal(mc.eos_ids[1], 1021);
+	assert_int_equal(mc.eos_ids[2], 7);
+	/* without generation_config (or without its eos), config.json's single id is used */
+	assert_int_equal(sm70_model_config_parse(&mc, cfg, NULL, &e), 0);
+	assert_int_equal(mc.n_eos, 1);
+	assert_int_equal(mc.eos_ids[0], 1020);
+	assert_int_equal(sm70_model_config_parse(&mc, cfg, gen_none, &e), 0);
+	assert_int_equal(mc.n_eos, 1);
+	print_message("  eos: generation_config [1020, 1021, 7] wins over config 1020\n");
+	json_decref(gen_none);
+	json_decref(gen);
+	json_decref(cfg);
+}
+
+static void test_defaults(void **state)
+{
+	json_t *cfg = patched("{\"num_key_value_heads\": null}");
+	struct sm70_model_config mc;
+	struct sm70_err e = { { 0 } };
+
+	assert_int_equal(sm70_model_config_parse(&mc, cfg, NULL, &e), 0);
+	assert_int_equal(mc.n_kv_heads, 4);
+	assert_int_equal(mc.head_dim, 16);
+	assert_int_equal(mc.rot_dim, 16);
+	assert_int_equal(mc.max_position, 32768);
+	assert_int_equal(mc.tie_word_embeddings, 0);
+	assert_true(mc.rms_norm_eps == 1e-6f);
+	assert_true(mc.rope_theta == 10000.0);
+	assert_int_equal(mc.n_eos, 0);
+	json_decref(cfg);
+
+	/* older layout: top-level rope_theta, rope_scaling null, integer eps accepted */
+	cfg = patched("{\"rope_theta\": 500000, \"rope_scaling\": null, \"eos_token_id\": 5,"
+		      " \"tie_word_embeddings\": true}");
+	assert_int_equal(sm70_model_config_parse(&mc, cfg, NULL, &e), 0);
+	assert_true(mc.rope_theta == 500000.0);
+	assert_int_equal(mc.n_eos, 1);
+	assert_int_equal(mc.eos_ids[0], 5);
+	assert_int_equal(mc.tie_word_embeddings, 1);
+	json_decref(cfg);
+	print_message("  defaults: kv=heads, head_dim=hidden/heads, pos 32768, eps 1e-6, "
+		      "theta 1e4\n");
+}
+
+static void test_text_config(void **state)
+{
+	json_t *cfg = load("{\"model_type\": \"qwen3\", \"tie_word_embeddings\": true,"
+			   " \"text_config\": {\"vocab_size\": 300, \"hidden_size\": 48,"
+			   " \"intermediate_size\": 96, \"num_hidden_layers\": 3,"
+			   " \"num_attention_heads\": 6, \"num_key_value_heads\": 3,"
+			   " \"head_dim\": 8, \"eos_token_id\": [299, 298],"
+			   " \"rope_parameters\": {\"rope_type\": \"default\","
+			   " \"rope_theta\": 250000.0}}}");
+	struct sm70_model_config mc;
+	struct sm70_err e = { { 0 } };
+
+	assert_int_equal(sm70_model_config_parse(&mc, cfg, NULL, &e), 0);
+	assert_int_equal(mc.vocab_size, 300);
+	assert_int_equal(mc.hidden_size, 48);
+	assert_int_equal(mc.intermediate_size, 96);
+	assert_int_equal(mc.n_layers, 3);
+	assert_int_equal(mc.n_heads, 6);
+	assert_int_equal(mc.n_kv_heads, 3);
+	assert_int_equal(mc.head_dim, 8);
+	assert_int_equal(mc.tie_word_embeddings, 1);
+	assert_true(mc.rope_theta == 250000.0);
+	assert_int_equal(mc.n_eos, 2);
+	assert_int_equal(mc.eos_ids[1], 298);
+	json_decref(cfg);
+
+	/* a wrong type under text_config is named with its path */
+	cfg = load("{\"model_type\": \"qwen3\", \"text_config\": {\"vocab_size\": 300,"
+		   " \"hidden_size\": \"48\"}}");
+	assert_int_equal(sm70_model_config_parse(&mc, cfg, NULL, &e), -EINVAL);
+	print_message("  text_config values read; error: %s\n", e.msg);
+	assert_non_null(strstr(e.msg, "'text_config.hidden_size' must be an integer"));
+	json_decref(cfg);
+}
+
+struct bad_case {
+	const char *patch; /* set over base_json */
+	const char *gen;   /* generation_config text, or NULL */
+	int code;
+	const char *sub;
+};
+
+static const struct bad_case bad_cases[] = {
+	{ "{\"model_type\": \"llama\"}", NULL, -ENOTSUP,
+	  "config.json: unsupported model_type 'llama' (supported: qwen3)" },
+	{ "{\"model_type\": \"qwen3_vl\"}", NULL, -ENOTSUP, "'qwen3_vl'" },
+	{ "{\"model_type\": null}", NULL, -EINVAL, "missing required key 'model_type'" },
+	{ "{\"model_type\": 3}", NULL, -EINVAL, "'model_type' must be a string" },
+	{ "{\"hidden_size\": \"64\"}", NULL, -EINVAL,
+	  "config.json: 'hidden_size' must be an integer" },
+	{ "{\"hidden_size\": 64.0}", NULL, -EINVAL, "'hidden_size' must be an integer" },
+	{ "{\"vocab_size\": null}", NULL, -EINVAL, "missing required key 'vocab_size'" },
+	{ "{\"num_hidden_layers\": null}", NULL, -EINVAL,
+	  "missing required key 'num_hidden_layers'" },
+	{ "{\"vocab_size\": -5}", NULL, -EINVAL, "'vocab_size' (-5) must be between" },
+	{ "{\"vocab_size\": 16777217}", NULL, -EINVAL, "'vocab_size' (16777217)" },
+	{ "{\"num_attention_heads\": 0}", NULL, -EINVAL, "'num_attention_heads' (0)" },
+	{ "{\"num_key_value_heads\": 0}", NULL, -EINVAL, "'num_key_value_heads' (0)" },
+	{ "{\"num_attention_heads\": 6, \"num_key_value_heads\": 4, \"head_dim\": 16}", NULL,
+	  -EINVAL,
+	  "config.json: 'num_attention_heads' (6) is not a multiple of 'num_key_value_heads' (4)" },
+	{ "{\"num_attention_heads\": 2, \"num_key_value_heads\": 4}", NULL, -EINVAL,
+	  "not a multiple" },
+	{ "{\"hidden_size\": 66, \"num_attention_heads\": 4}", NULL, -EINVAL,
+	  "no 'head_dim', and 'hidden_size' (66)" },
+	{ "{\"head_dim\": 15}", NULL, -EINVAL, "'head_dim' (15) must be even" },
+	{ "{\"head_dim\": true}", NULL, -EINVAL, "'head_dim' must be an integer" },
+	{ "{\"max_position_embeddings\": 0}", NULL, -EINVAL, "'max_position_embeddings' (0)" },
+	{ "{\"tie_word_embeddings\": 1}", NULL, -EINVAL,
+	  "'tie_word_embeddings' must be true or false" },
+	{ "{\"rms_norm_eps\": 0}", NULL, -EINVAL, "'rms_norm_eps' (0) must be in (0, 1)" },
+	{ "{\"rms_norm_eps\": -1e-6}", NULL, -EINVAL, "'rms_norm_eps'" },
+	{ "{\"rms_norm_eps\": 1e-60}", NULL, -EINVAL, "'rms_norm_eps'" },
+	{ "{\"rms_norm_eps\": \"1e-6\"}", NULL, -EINVAL, "'rms_norm_eps' must be a number" },
+	{ "{\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}", NULL, -ENOTSUP,
+	  "rope_type 'yarn' is not supported" },
+	{ "{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}", NULL, -ENOTSUP,
+	  "rope_scaling rope_type 'linear'" },
+	{ "{\"rope_parameters\": {\"rope_type\": 7}}", NULL, -EINVAL,
+	  "'rope_parameters.rope_type' must be a string" },
+	{ "{\"rope_parameters\": \"default\"}", NULL, -EINVAL,
+	  "'rope_parameters' must be an object" },
+	{ "{\"rope_parameters\": {\"rope_type\": \"default\", \"partial_rotary_factor\": 0.25}}",
+	  NULL, -ENOTSUP, "'rope_parameters.partial_rotary_factor' 0.25" },
+	{ "{\"rope_theta\": -1}", NULL, -EINVAL, "'rope_theta' (-1) must be a positive" },
+	{ "{\"rope_theta\": \"big\"}", NULL, -EINVAL, "'rope_theta' must be a number" },
+	{ "{\"use_sliding_window\": true}", NULL, -ENOTSUP, "'use_sliding_window'" },
+	{ "{\"attention_bias\": true}", NULL, -ENOTSUP, "'attention_bias'" },
+	{ "{\"text_config\": [1]}", NULL, -EINVAL, "'text_config' must be an object" },
+	{ "{\"eos_token_id\": 100}", NULL, -EINVAL,
+	  "config.json: 'eos_token_id' 100 is outside the vocabulary (100 tokens)" },
+	{ "{\"eos_token_id\": \"2\"}", NULL, -EINVAL, "config.json: 'eos_token_id' must be" },
+	{ "{\"eos_token_id\": [1, 2.5]}", NULL, -EINVAL, "'eos_token_id' must be" },
+	{ "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9]}", NULL, -EINVAL,
+	  "'eos_token_id' lists 9 ids (at most 8)" },
+	{ "{\"eos_token_id\": 5}", "{\"eos_token_id\": [5, -1]}", -EINVAL,
+	  "generation_config.json: 'eos_token_id' -1 is outside the vocabulary" },
+	{ "{}", "[5]", -EINVAL, "generation_config.json: top level is not a JSON object" },
+};
+
+static void test_errors(void **state)
+{
+	for (size_t i = 0; i < sizeof(bad_cases) / sizeof(bad_cases[0]); i++) {
+		const struct bad_case *b = &bad_cases[i];
+		json_t *cfg = patched(b->patch), *gen = b->gen ? load(b->gen) : NULL;
+		struct sm70_model_config mc;
+		struct sm70_err e = { { 0 } };
+		int ret = sm70_model_config_parse(&mc, cfg, gen, &e);
+
+		print_message("  %-48.48s -> %d: %s\n", b->patch, ret, e.msg);
+		assert_int_equal(ret, b->code);
+		if (!strstr(e.msg, b->sub))
+			fail_msg("message '%s' lacks '%s'", e.msg, b->sub);
+		json_decref(gen);
+		json_decref(cfg);
+	}
+
+	/* not an object at all */
+	{
+		json_t *arr = load("[]");
+		struct sm70_model_config mc;
+		struct sm70_err e = { { 0 } };
+
+		assert_int_equal(sm70_model_config_parse(&mc, arr, NULL, &e), -EINVAL);
+		assert_non_null(strstr(e.msg, "config.json: top level is not a JSON object"));
+		json_decref(arr);
+	}
+	print_message("  %zu malformed configs refused with the expected messages\n",
+		      sizeof(bad_cases) / sizeof(bad_cases[0]) + 1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_fixtures),
+		cmocka_unit_test(test_generation_eos_wins),
+		cmocka_unit_test(test_defaults),
+		cmocka_unit_test(test_text_config),
+		cmocka_unit_test(test_errors),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

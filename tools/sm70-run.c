@@ -1,0 +1,425 @@
+/*
+ * sm70-run - the offline runner: loads a model in-process (no daemon), generates from
+ * one prompt of token ids, and prints the tokens (streamed) or one JSON object (--json).
+ *
+ * Exit codes: 0 done, 2 bad arguments or a bad model directory, 1 a failure while
+ * running. Errors go to stderr.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/engine/engine.h"
+
+struct run {
+	int json;
+	int *tokens;
+	float *logprobs;
+	json_t *tops;
+	int n;
+	enum sm70_finish finish;
+	int prompt_tokens, completion_tokens;
+	double t_submit, t_first, t_last;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: sm70-run -m MODEL_DIR [--backend cpu|cuda] [--load-format auto|dummy]\n"
+		"                (--prompt-ids 1,2,3 | --prompt-file FILE) [-n MAX_NEW_TOKENS]\n"
+		"                [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+		"                [--top-logprobs N] [--json]\n"
+		"  more: [--stop-ids 1,2] [--ignore-eos] [--threads N] [--block-size N]\n"
+		"        [--kv-blocks N] [--max-batch-tokens N] [--kv-dtype f32|f16|fp8]\n"
+		"Temperature 0 (the default) is greedy decoding. A prompt file holds token ids\n"
+		"separated by commas or white space.\n");
+}
+
+static int die_usage(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "sm70-run: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\n");
+	usage(stderr);
+	return 2;
+}
+
+/* Parses a list of non-negative token ids separated by commas/white space. Returns the
+ * count or -1 (with *bad pointing at the offending text). */
+static int parse_ids(const char *s, int32_t **out, const char **bad)
+{
+	int n = 0, cap = 64;
+	int32_t *v = malloc(sizeof(*v) * (size_t)cap);
+
+	if (!v)
+		return -1;
+	while (*s) {
+		char *end;
+		long x;
+
+		while (*s == ',' || *s == ' ' || *s == '\n' || *s == '\t' || *s == '\r')
+			s++;
+		if (!*s)
+			break;
+		errno = 0;
+		x = strtol(s, &end, 10);
+		if (end == s || errno || x < 0 || x > INT32_MAX ||
+		    (*end && !strchr(", \n\t\r", *end))) {
+			*bad = s;
+			free(v);
+			return -1;
+		}
+		if (n == cap) {
+			int32_t *nv = realloc(v, sizeof(*v) * (size_t)(cap *= 2));
+			if (!nv) {
+				free(v);
+				return -1;
+			}
+			v = nv;
+		}
+		v[n++] = (int32_t)x;
+		s = end;
+	}
+	*out = v;
+	return n;
+}
+
+static char *read_file(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	size_t n = 0, cap = 0;
+
+	if (!f)
+		return NULL;
+	for (;;) {
+		if (cap - n < 4096) {
+			char *nb = realloc(buf, cap = cap ? cap * 2 : 8192);
+			if (!nb) {
+				free(buf);
+				fclose(f);
+				return NULL;
+			}
+			buf = nb;
+		}
+		size_t r = fread(buf + n, 1, cap - n - 1, f);
+		n += r;
+		if (r == 0)
+			break;
+	}
+	fclose(f);
+	buf[n] = '\0';
+	return buf;
+}
+
+static int parse_num(const char *s, double lo, double hi, double *out)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+static void on_event(void *ctx, const struct sm70_event *ev)
+{
+	struct run *r = ctx;
+	double t = now_s();
+
+	if (ev->sample.token >= 0) {
+		if (r->n == 0)
+			r->t_first = t;
+		r->t_last = t;
+		r->tokens[r->n] = ev->sample.token;
+		r->logprobs[r->n] = ev->sample.logprob;
+		json_t *alts = json_array();
+		for (int i = 0; i < ev->sample.n_top; i++)
+			json_array_append_new(alts, json_pack("{s:i,s:f}", "id",
+						(json_int_t)ev->sample.top_ids[i], "logprob",
+						(double)ev->sample.top_logprobs[i]));
+		json_array_append_new(r->tops, alts);
+		r->n++;
+		if (!r->json) {
+			printf("%d%c", ev->sample.token, ev->finish ? '\n' : ' ');
+			fflush(stdout);
+		}
+	}
+	if (ev->finish) {
+		r->finish = ev->finish;
+		r->prompt_tokens = ev->prompt_tokens;
+		r->completion_tokens = ev->completion_tokens;
+	}
+}
+
+static const char *finish_name(enum sm70_finish f)
+{
+	switch (f) {
+	case SM70_FINISH_STOP:
+		return "stop";
+	case SM70_FINISH_LENGTH:
+		return "length";
+	case SM70_FINISH_CANCELLED:
+		return "cancelled";
+	default:
+		return "error";
+	}
+}
+
+int main(int argc, char **argv)
+{
+	enum { O_BACKEND = 256, O_LOAD, O_PIDS, O_PFILE, O_TEMP, O_TOPK, O_TOPP, O_SEED,
+	       O_TOPLP, O_JSON, O_STOP, O_IGNEOS, O_THREADS, O_BS, O_KVB, O_MBT, O_KV16 };
+	static const struct option lopts[] = {
+		{ "model", required_argument, 0, 'm' },
+		{ "backend", required_argument, 0, O_BACKEND },
+		{ "load-format", required_argument, 0, O_LOAD },
+		{ "prompt-ids", required_argument, 0, O_PIDS },
+		{ "prompt-file", required_argument, 0, O_PFILE },
+		{ "max-new-tokens", required_argument, 0, 'n' },
+		{ "temperature", required_argument, 0, O_TEMP },
+		{ "top-k", required_argument, 0, O_TOPK },
+		{ "top-p", required_argument, 0, O_TOPP },
+		{ "seed", required_argument, 0, O_SEED },
+		{ "top-logprobs", required_argument, 0, O_TOPLP },
+		{ "json", no_argument, 0, O_JSON },
+		{ "stop-ids", required_argument, 0, O_STOP },
+		{ "ignore-eos", no_argument, 0, O_IGNEOS },
+		{ "threads", required_argument, 0, O_THREADS },
+		{ "block-size", required_argument, 0, O_BS },
+		{ "kv-blocks", required_argument, 0, O_KVB },
+		{ "max-batch-tokens", required_argument, 0, O_MBT },
+		{ "kv-dtype", required_argument, 0, O_KV16 },
+		{ "help", no_argument, 0, 'h' },
+		{ 0, 0, 0, 0 },
+	};
+	struct sm70_engine_opts eo;
+	struct sm70_request req = { .max_new_tokens = 16, .sampling = { .top_p = 1.0f } };
+	struct sm70_engine *e = NULL;
+	struct sm70_err err = { { 0 } };
+	struct run r = { 0 };
+	const char *model = NULL, *pids = NULL, *pfile = NULL, *bad = NULL;
+	char *file_text = NULL;
+	int32_t *prompt = NULL, *stops = NULL;
+	uint64_t id;
+	double v;
+	int c, ret, rc = 1;
+
+	sm70_engine_opts_default(&eo);
+	while ((c = getopt_long(argc, argv, "m:n:h", lopts, NULL)) != -1) {
+		switch (c) {
+		case 'm':
+			model = optarg;
+			break;
+		case O_BACKEND:
+			if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+				return die_usage("--backend must be cpu or cuda, not '%s'", optarg);
+			eo.backend = optarg;
+			break;
+		case O_LOAD:
+			if (strcmp(optarg, "auto") && strcmp(optarg, "dummy"))
+				return die_usage("--load-format must be auto or dummy, not '%s'",
+						 optarg);
+			eo.dummy_weights = strcmp(optarg, "dummy") == 0;
+			break;
+		case O_PIDS:
+			pids = optarg;
+			break;
+		case O_PFILE:
+			pfile = optarg;
+			break;
+		case 'n':
+			if (parse_num(optarg, 1, INT32_MAX, &v) || v != floor(v))
+				return die_usage("-n wants a positive integer, not '%s'", optarg);
+			req.max_new_tokens = (int)v;
+			break;
+		case O_TEMP:
+			if (parse_num(optarg, 0, 1e6, &v))
+				return die_usage("--temperature wants a number >= 0, not '%s'", optarg);
+			req.sampling.temperature = (float)v;
+			break;
+		case O_TOPK:
+			if (parse_num(optarg, 0, INT32_MAX, &v) || v != floor(v))
+				return die_usage("--top-k wants an integer >= 0, not '%s'", optarg);
+			req.sampling.top_k = (int)v;
+			break;
+		case O_TOPP:
+			if (parse_num(optarg, 0, 1, &v) || v <= 0)
+				return die_usage("--top-p wants a number in (0, 1], not '%s'", optarg);
+			req.sampling.top_p = (float)v;
+			break;
+		case O_SEED: {
+			char *end;
+			errno = 0;
+			req.sampling.seed = strtoull(optarg, &end, 10);
+			if (end == optarg || *end || errno || optarg[0] == '-')
+				return die_usage("--seed wants an unsigned integer, not '%s'", optarg);
+			break;
+		}
+		case O_TOPLP:
+			if (parse_num(optarg, 0, SM70_MAX_TOP_LOGPROBS, &v) || v != floor(v))
+				return die_usage("--top-logprobs wants an integer 0..20, not '%s'",
+						 optarg);
+			req.sampling.top_logprobs = (int)v;
+			break;
+		case O_JSON:
+			r.json = 1;
+			break;
+		case O_STOP: {
+			int n = parse_ids(optarg, &stops, &bad);
+			if (n < 0 || n > SM70_MAX_STOP_TOKENS)
+				return die_usage("--stop-ids wants up to 8 token ids, not '%s'", optarg);
+			memcpy(req.stop_ids, stops, sizeof(int32_t) * (size_t)n);
+			req.n_stop = n;
+			free(stops);
+			break;
+		}
+		case O_IGNEOS:
+			req.ignore_eos = 1;
+			break;
+		case O_THREADS:
+			if (parse_num(optarg, 0, 1024, &v) || v != floor(v))
+				return die_usage("--threads wants an integer 0..1024, not '%s'", optarg);
+			eo.n_threads = (int)v;
+			break;
+		case O_BS:
+			if (parse_num(optarg, 1, 4096, &v) || v != floor(v))
+				return die_usage("--block-size wants an integer 1..4096, not '%s'",
+						 optarg);
+			eo.block_size = (int)v;
+			break;
+		case O_KVB:
+			if (parse_num(optarg, 1, INT32_MAX, &v) || v != floor(v))
+				return die_usage("--kv-blocks wants a positive integer, not '%s'", optarg);
+			eo.kv_blocks = (int)v;
+			break;
+		case O_MBT:
+			if (parse_num(optarg, 16, 1 << 20, &v) || v != floor(v))
+				return die_usage("--max-batch-tokens wants an integer >= 16, not '%s'",
+						 optarg);
+			eo.max_batch_tokens = (int)v;
+			break;
+		case O_KV16:
+			if (strcmp(optarg, "f32") == 0)
+				eo.kv_dtype = SM70_DTYPE_F32;
+			else if (strcmp(optarg, "f16") == 0)
+				eo.kv_dtype = SM70_DTYPE_F16;
+			else if (strcmp(optarg, "fp8") == 0)
+				eo.kv_dtype = SM70_DTYPE_F8E4M3;
+			else
+				return die_usage("--kv-dtype must be f32, f16 or fp8, not '%s'", optarg);
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc)
+		return die_usage("unexpected argument '%s'", argv[optind]);
+	if (!model)
+		return die_usage("%s", "-m MODEL_DIR is required");
+	if (!pids == !pfile)
+		return die_usage("%s", "give exactly one of --prompt-ids and --prompt-file");
+	if (pfile) {
+		file_text = read_file(pfile);
+		if (!file_text) {
+			fprintf(stderr, "sm70-run: cannot read prompt file %s: %s\n", pfile,
+				strerror(errno));
+			return 2;
+		}
+		pids = file_text;
+	}
+	req.n_prompt = parse_ids(pids, &prompt, &bad);
+	if (req.n_prompt < 0) {
+		fprintf(stderr, "sm70-run: bad token id in the prompt near '%.20s'\n",
+			bad ? bad : "");
+		free(file_text);
+		return 2;
+	}
+	req.prompt = prompt;
+	if (req.n_prompt == 0) {
+		fprintf(stderr, "sm70-run: the prompt is empty\n");
+		rc = 2;
+		goto out;
+	}
+
+	ret = sm70_engine_open(&e, model, &eo, &err);
+	if (ret) {
+		fprintf(stderr, "sm70-run: %s\n", err.msg[0] ? err.msg : strerror(-ret));
+		rc = 2;
+		goto out;
+	}
+	r.tokens = malloc(sizeof(int) * (size_t)req.max_new_tokens);
+	r.logprobs = malloc(sizeof(float) * (size_t)req.max_new_tokens);
+	r.tops = json_array();
+	if (!r.tokens || !r.logprobs || !r.tops)
+		goto out;
+	r.t_submit = now_s();
+	ret = sm70_engine_submit(e, &req, &id, &err);
+	if (ret) {
+		fprintf(stderr, "sm70-run: %s\n", err.msg[0] ? err.msg : strerror(-ret));
+		rc = 2;
+		goto out;
+	}
+	while (sm70_engine_busy(e)) {
+		ret = sm70_engine_step(e, on_event, &r);
+		if (ret < 0) {
+			fprintf(stderr, "sm70-run: engine step failed: %s\n", strerror(-ret));
+			goto out;
+		}
+	}
+
+	double prefill_ms = r.n ? (r.t_first - r.t_submit) * 1e3 : 0;
+	double decode_tps = r.n > 1 && r.t_last > r.t_first ?
+		(double)(r.n - 1) / (r.t_last - r.t_first) : 0;
+	if (r.json) {
+		json_t *toks = json_array(), *lps = json_array();
+		for (int i = 0; i < r.n; i++) {
+			json_array_append_new(toks, json_integer(r.tokens[i]));
+			json_array_append_new(lps, json_real(r.logprobs[i]));
+		}
+		json_t *o = json_pack("{s:o,s:o,s:O,s:s,s:{s:i,s:i},s:{s:f,s:f}}",
+				      "tokens", toks, "logprobs", lps, "top_logprobs", r.tops,
+				      "finish_reason", finish_name(r.finish),
+				      "usage", "prompt_tokens", r.prompt_tokens,
+				      "completion_tokens", r.completion_tokens,
+				      "timing", "prefill_ms", prefill_ms,
+				      "decode_tokens_per_s", decode_tps);
+		char *s = json_dumps(o, JSON_COMPACT);
+		printf("%s\n", s);
+		free(s);
+		json_decref(o);
+	} else {
+		fprintf(stderr, "sm70-run: %d tokens, finish %s, prefill %.1f ms, decode %.1f "
+			"tokens/s\n", r.n, finish_name(r.finish), prefill_ms, decode_tps);
+	}
+	rc = 0;
+out:
+	json_decref(r.tops);
+	free(r.tokens);
+	free(r.logprobs);
+	sm70_engine_close(e);
+	free(prompt);
+	free(file_text);
+	return rc;
+}
