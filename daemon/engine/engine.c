@@ -30,6 +30,9 @@ struct seq {
 	int n_blocks, cap_blocks;
 	int cancelled;
 	int finished;
+	int cached_tokens;            /* prompt tokens found in the prefix cache */
+	int n_keyed;                  /* leading full blocks whose prefix key is known */
+	struct sm70_block_key key;    /* key of the prefix of those blocks */
 	struct seq *next; /* waiting queue link */
 };
 
@@ -50,6 +53,7 @@ struct sm70_engine {
 
 	/* step scratch, sized at open */
 	int32_t *tok_ids, *tok_pos, *tok_seq, *tok_slot, *tables, *out_rows;
+	int32_t *hit_ids;
 	struct seq **step_seqs;
 	int *step_take;
 	float *logits;
@@ -76,10 +80,13 @@ static int blocks_for(const struct sm70_engine *e, int n_tokens)
 
 static void seq_free_blocks(struct sm70_engine *e, struct seq *s)
 {
-	for (int i = 0; i < s->n_blocks; i++)
+	/* Release in reverse so a prefix's tail blocks are evicted before its head. */
+	for (int i = s->n_blocks - 1; i >= 0; i--)
 		sm70_block_pool_unref(&e->pool, s->blocks[i]);
 	s->n_blocks = 0;
 	s->n_cached = 0;
+	s->n_keyed = 0;
+	s->key = (struct sm70_block_key){ 0, 0 };
 }
 
 static void seq_destroy(struct sm70_engine *e, struct seq *s)
@@ -161,7 +168,7 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 	e->max_blocks = blocks_for(e, e->model->cfg.max_position);
 	if (e->max_blocks > e->model->kv_lay.n_blocks)
 		e->max_blocks = e->model->kv_lay.n_blocks;
-	ret = sm70_block_pool_init(&e->pool, e->model->kv_lay.n_blocks);
+	ret = sm70_block_pool_init(&e->pool, e->model->kv_lay.n_blocks, !opts->no_prefix_cache);
 	if (ret)
 		goto fail;
 	ret = sm70_sampler_create(&e->sampler, V);
@@ -175,10 +182,12 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 	e->out_rows = malloc(sizeof(int32_t) * (size_t)S);
 	e->tables = malloc(sizeof(int32_t) * (size_t)S * (size_t)e->max_blocks);
 	e->step_seqs = malloc(sizeof(*e->step_seqs) * (size_t)S);
+	e->hit_ids = malloc(sizeof(int32_t) * (size_t)e->max_blocks);
 	e->step_take = malloc(sizeof(int) * (size_t)S);
 	e->logits = malloc(sizeof(float) * (size_t)S * (size_t)V);
 	if (!e->running || !e->tok_ids || !e->tok_pos || !e->tok_seq || !e->tok_slot ||
-	    !e->out_rows || !e->tables || !e->step_seqs || !e->step_take || !e->logits) {
+	    !e->out_rows || !e->tables || !e->step_seqs || !e->step_take || !e->logits ||
+	    !e->hit_ids) {
 		ret = -ENOMEM;
 		goto fail;
 	}
@@ -216,6 +225,7 @@ void sm70_engine_close(struct sm70_engine *e)
 	free(e->out_rows);
 	free(e->tables);
 	free(e->step_seqs);
+	free(e->hit_ids);
 	free(e->step_take);
 	free(e->logits);
 	free(e);
@@ -346,7 +356,8 @@ void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats
 	*s = e->stats;
 	s->running = e->n_running;
 	s->waiting = e->n_waiting;
-	s->kv_blocks_free = e->pool.n_free;
+	s->kv_blocks_free = sm70_block_pool_available(&e->pool);
+	s->prefix_evictions = e->pool.evictions;
 }
 
 static void emit_final(struct sm70_engine *e, struct seq *s, enum sm70_finish f,
@@ -359,6 +370,7 @@ static void emit_final(struct sm70_engine *e, struct seq *s, enum sm70_finish f,
 		.finish = f,
 		.prompt_tokens = s->n_prompt,
 		.completion_tokens = s->n_gen,
+		.cached_tokens = s->cached_tokens,
 	};
 	fn(ctx, &ev);
 }
@@ -402,15 +414,42 @@ static int reap_cancelled(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 	return n;
 }
 
-/* FCFS admission: the queue head goes in when all its tokens' blocks fit; nobody jumps
- * the queue, so a long prompt is never starved by short ones. */
+/* Finds the longest cached prefix of s: fills e->hit_ids and returns the count. Only
+ * blocks that end before the last token count: that token must be computed to get the
+ * logits of the next one. */
+static int find_prefix(struct sm70_engine *e, const struct seq *s, struct sm70_block_key *key,
+		       int *parked)
+{
+	struct sm70_block_key k = { 0, 0 };
+	int n = 0;
+
+	*parked = 0;
+	if (!e->pool.caching)
+		return 0;
+	while ((n + 1) * e->bs <= s->n_toks - 1 && n < s->cap_blocks) {
+		struct sm70_block_key next = sm70_block_key_next(k, s->toks + n * e->bs, e->bs);
+		int32_t id = sm70_block_pool_lookup(&e->pool, next);
+		if (id < 0)
+			break;
+		*parked += e->pool.refs[id] == 0;
+		e->hit_ids[n++] = id;
+		k = next;
+	}
+	*key = k;
+	return n;
+}
+
+/* FCFS admission: the queue head goes in when all its tokens' blocks fit (counting those
+ * the prefix cache already holds); nobody jumps the queue, so a long prompt is never
+ * starved by short ones. */
 static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 {
 	int n_ev = 0;
 
 	while (e->wait_head && e->n_running < e->opts.max_seqs) {
 		struct seq *s = e->wait_head;
-		int need = blocks_for(e, s->n_toks);
+		int need = blocks_for(e, s->n_toks), hits, parked;
+		struct sm70_block_key key;
 
 		if (need > e->pool.n_blocks || need > s->cap_blocks) {
 			/* Only a preempted request that outgrew the whole cache gets here. */
@@ -420,14 +459,38 @@ static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 			n_ev++;
 			continue;
 		}
-		if (need > e->pool.n_free)
+		hits = find_prefix(e, s, &key, &parked);
+		/* Parked hits stop being available once taken. */
+		if (need - hits > sm70_block_pool_available(&e->pool) - parked)
 			break;
 		wait_pop(e);
-		for (int i = 0; i < need; i++)
+		for (int i = 0; i < hits; i++) {
+			sm70_block_pool_ref(&e->pool, e->hit_ids[i]);
+			s->blocks[s->n_blocks++] = e->hit_ids[i];
+		}
+		s->n_cached = s->n_keyed = hits;
+		s->n_cached *= e->bs;
+		s->key = key;
+		if (s->n_gen == 0) /* first admission, not a recompute after preemption */
+			s->cached_tokens = s->n_cached < s->n_prompt ? s->n_cached : s->n_prompt;
+		e->stats.prefix_hit_tokens += (uint64_t)s->n_cached;
+		for (int i = hits; i < need; i++)
 			seq_add_block(e, s); /* cannot fail: checked above */
 		e->running[e->n_running++] = s;
 	}
 	return n_ev;
+}
+
+/* Publishes the blocks s has filled since the last call under their prefix keys. */
+static void publish_full_blocks(struct sm70_engine *e, struct seq *s)
+{
+	if (!e->pool.caching)
+		return;
+	while ((s->n_keyed + 1) * e->bs <= s->n_cached) {
+		s->key = sm70_block_key_next(s->key, s->toks + s->n_keyed * e->bs, e->bs);
+		sm70_block_pool_publish(&e->pool, s->blocks[s->n_keyed], s->key);
+		s->n_keyed++;
+	}
 }
 
 static void preempt(struct sm70_engine *e, int i)
@@ -541,6 +604,8 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		int32_t tok;
 
 		s->n_cached += e->step_take[j];
+		e->stats.computed_tokens += (uint64_t)e->step_take[j];
+		publish_full_blocks(e, s);
 		if (s->n_cached < s->n_toks)
 			continue; /* mid-prefill: no token yet */
 		if (sm70_sample(e->sampler, e->logits + (size_t)o * c->vocab_size,
@@ -564,6 +629,7 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 			ev.finish = SM70_FINISH_LENGTH;
 		ev.prompt_tokens = s->n_prompt;
 		ev.completion_tokens = s->n_gen;
+		ev.cached_tokens = s->cached_tokens;
 		s->finished = ev.finish != SM70_FINISH_NONE;
 		fn(ctx, &ev);
 		n_ev++;

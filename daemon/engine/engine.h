@@ -9,7 +9,11 @@
  * and it is recomputed later from its prompt plus what it already generated (sampling
  * is counter-based, so it continues exactly where it stopped). No request is dropped.
  *
- * Non-goals here: prefix caching, priorities (the daemon's scheduler adds them).
+ * Prefix caching (on unless no_prefix_cache): full KV blocks are published under the
+ * hash of the whole prefix they complete; an admitted request takes the blocks of its
+ * longest cached prefix and computes only the rest (see block_pool.h).
+ *
+ * Non-goals here: priorities and fairness between clients (the daemon's scheduler).
  * Not thread-safe: one thread drives an engine.
  */
 #ifndef SM70_ENGINE_ENGINE_H
@@ -45,6 +49,7 @@ struct sm70_engine_opts {
 	int kv_blocks;            /* 0: from kv_bytes */
 	size_t kv_bytes;          /* KV budget when kv_blocks is 0 (default 256 MiB) */
 	enum sm70_dtype kv_dtype; /* SM70_DTYPE_COUNT: the backend's default */
+	int no_prefix_cache;      /* turn prefix caching off */
 };
 
 struct sm70_request {
@@ -65,6 +70,7 @@ struct sm70_event {
 	enum sm70_finish finish;  /* NONE unless this is the request's last event */
 	int prompt_tokens;
 	int completion_tokens;
+	int cached_tokens;        /* prompt tokens whose KV came from the prefix cache */
 };
 
 typedef void (*sm70_event_fn)(void *ctx, const struct sm70_event *ev);
@@ -79,6 +85,9 @@ struct sm70_engine_stats {
 	uint64_t prompt_tokens;
 	uint64_t generated_tokens;
 	uint64_t errors;          /* requests ended by non-finite logits */
+	uint64_t computed_tokens; /* tokens run through the model */
+	uint64_t prefix_hit_tokens; /* tokens whose KV the prefix cache supplied */
+	uint64_t prefix_evictions;
 };
 
 struct sm70_engine;

@@ -1,13 +1,19 @@
 /*
  * threadpool.c - the CPU backend's persistent worker pool; see threadpool.h.
  *
- * One job at a time: the caller publishes the job under the lock, bumps a generation
- * counter and broadcasts; every worker runs each generation exactly once (it claims
- * chunks from an atomic counter until none are left) and checks out by decrementing
- * `busy`; the caller claims chunks too and then sleeps until busy reaches 0. Because
- * the caller waits for every worker to check out before it can publish the next job, a
- * worker can never miss a generation or see a half-written one. Nobody spins: idle
- * workers sleep in pthread_cond_wait.
+ * One job at a time: the caller writes the job, then bumps a generation counter
+ * (release) and, if any worker sleeps, broadcasts; every worker runs each generation
+ * exactly once (it claims chunks from an atomic counter until none are left) and checks
+ * out by decrementing `busy` (release); the caller claims chunks too and then waits for
+ * busy to reach 0 (acquire), which also makes the workers' writes visible to it. Because
+ * the caller waits for every worker to check out before it writes the next job, a worker
+ * can never miss a generation or see a half-written one.
+ *
+ * Waiting is a short bounded spin, then a sleep on a condition variable: a decode step
+ * runs a few hundred small jobs back to back, and a futex wake-up per job per worker
+ * (~10-20 us each on a VM) would cost more than the work. The spin ends after
+ * POOL_SPIN polls, so idle workers do sleep; a pool with more threads than online CPUs
+ * does not spin at all (a spinning thread would hold the CPU the others need).
  *
  * Non-goals: fairness between callers, waking only as many workers as there are chunks
  * (a broadcast costs a few microseconds, which the ops that use the pool amortise).
@@ -18,12 +24,24 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 /* More threads than this is a configuration mistake, not a machine. */
 #define POOL_MAX_THREADS 1024
 /* Chunks per thread: a few, so that uneven items (attention rows of different lengths)
  * balance without making the shared counter hot. */
 #define POOL_CHUNKS_PER_THREAD 4
+/* Polls of a flag before sleeping on it (each poll has a CPU pause: tens of us in all). */
+#define POOL_SPIN 2000
+
+static inline void pool_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
 
 struct pool_worker {
 	struct sm70__pool *pool;
@@ -34,16 +52,18 @@ struct pool_worker {
 struct sm70__pool {
 	int n_threads;
 	int n_workers; /* started workers: n_threads - 1 */
+	int spin;      /* POOL_SPIN, or 0 when oversubscribed */
 	struct pool_worker *workers;
 
 	pthread_mutex_t lock;
 	pthread_cond_t wake; /* workers: a new generation or stop */
 	pthread_cond_t done; /* caller: busy reached 0 */
-	unsigned long gen;
-	int stop;
-	int busy;
+	atomic_ulong gen;    /* written under the lock; polled without it */
+	atomic_int stop;
+	atomic_int busy;     /* workers not yet checked out of the current job */
+	int sleepers;        /* workers in pthread_cond_wait(wake); under the lock */
 
-	/* The current job: written under the lock before gen is bumped. */
+	/* The current job: written before gen is bumped, read after it is seen. */
 	sm70__pool_fn fn;
 	void *ctx;
 	long n_items;
@@ -66,36 +86,47 @@ static void pool_drain(struct sm70__pool *p, sm70__pool_fn fn, void *ctx, long n
 	}
 }
 
+/* Waits until the generation differs from seen (returns it) or stop is set (returns
+ * seen). */
+static unsigned long pool_wait_job(struct sm70__pool *p, unsigned long seen)
+{
+	unsigned long g;
+
+	for (int i = 0; i < p->spin; i++) {
+		g = atomic_load_explicit(&p->gen, memory_order_acquire);
+		if (g != seen || atomic_load_explicit(&p->stop, memory_order_relaxed))
+			return g;
+		pool_pause();
+	}
+	pthread_mutex_lock(&p->lock);
+	p->sleepers++;
+	while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
+	       !atomic_load_explicit(&p->stop, memory_order_relaxed))
+		pthread_cond_wait(&p->wake, &p->lock);
+	p->sleepers--;
+	pthread_mutex_unlock(&p->lock);
+	return g;
+}
+
 static void *pool_worker_main(void *arg)
 {
 	struct pool_worker *w = arg;
 	struct sm70__pool *p = w->pool;
 	unsigned long seen = 0;
 
-	pthread_mutex_lock(&p->lock);
 	for (;;) {
-		sm70__pool_fn fn;
-		void *ctx;
-		long n_items, chunk;
-
-		while (p->gen == seen && !p->stop)
-			pthread_cond_wait(&p->wake, &p->lock);
-		if (p->stop)
+		seen = pool_wait_job(p, seen);
+		if (atomic_load_explicit(&p->stop, memory_order_relaxed))
 			break;
-		seen = p->gen;
-		fn = p->fn;
-		ctx = p->ctx;
-		n_items = p->n_items;
-		chunk = p->chunk;
-		pthread_mutex_unlock(&p->lock);
-
-		pool_drain(p, fn, ctx, n_items, chunk, w->index);
-
-		pthread_mutex_lock(&p->lock);
-		if (--p->busy == 0)
+		pool_drain(p, p->fn, p->ctx, p->n_items, p->chunk, w->index);
+		/* Check out. The caller may be asleep on `done`: signal under the lock, so the
+		 * signal cannot fall between its check of busy and its wait. */
+		if (atomic_fetch_sub_explicit(&p->busy, 1, memory_order_acq_rel) == 1) {
+			pthread_mutex_lock(&p->lock);
 			pthread_cond_signal(&p->done);
+			pthread_mutex_unlock(&p->lock);
+		}
 	}
-	pthread_mutex_unlock(&p->lock);
 	return NULL;
 }
 
@@ -103,7 +134,7 @@ static void *pool_worker_main(void *arg)
 static void pool_stop_workers(struct sm70__pool *p, int n)
 {
 	pthread_mutex_lock(&p->lock);
-	p->stop = 1;
+	atomic_store(&p->stop, 1);
 	pthread_cond_broadcast(&p->wake);
 	pthread_mutex_unlock(&p->lock);
 	for (int i = 0; i < n; i++)
@@ -122,7 +153,11 @@ int sm70__pool_create(struct sm70__pool **out, int n_threads)
 	if (!p)
 		return -ENOMEM;
 	p->n_threads = n_threads;
+	p->spin = n_threads <= sysconf(_SC_NPROCESSORS_ONLN) ? POOL_SPIN : 0;
 	atomic_init(&p->next, 0);
+	atomic_init(&p->gen, 0);
+	atomic_init(&p->stop, 0);
+	atomic_init(&p->busy, 0);
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->wake, NULL);
 	pthread_cond_init(&p->done, NULL);
@@ -191,22 +226,28 @@ void sm70__pool_run(struct sm70__pool *pool, int n_items, int grain, sm70__pool_
 	if (chunk < grain)
 		chunk = grain;
 
-	pthread_mutex_lock(&pool->lock);
 	pool->fn = fn;
 	pool->ctx = ctx;
 	pool->n_items = n_items;
 	pool->chunk = chunk;
 	atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
-	pool->busy = pool->n_workers;
-	pool->gen++;
-	pthread_cond_broadcast(&pool->wake);
+	atomic_store_explicit(&pool->busy, pool->n_workers, memory_order_relaxed);
+	pthread_mutex_lock(&pool->lock);
+	atomic_fetch_add_explicit(&pool->gen, 1, memory_order_release);
+	if (pool->sleepers)
+		pthread_cond_broadcast(&pool->wake);
 	pthread_mutex_unlock(&pool->lock);
 
 	pool_drain(pool, fn, ctx, n_items, chunk, 0);
 
-	/* The lock hand-off in the workers' check-out orders their writes before ours. */
+	/* busy reaching 0 (acquire) orders every worker's writes before our return. */
+	for (int i = 0; i < pool->spin; i++) {
+		if (atomic_load_explicit(&pool->busy, memory_order_acquire) == 0)
+			return;
+		pool_pause();
+	}
 	pthread_mutex_lock(&pool->lock);
-	while (pool->busy > 0)
+	while (atomic_load_explicit(&pool->busy, memory_order_acquire) > 0)
 		pthread_cond_wait(&pool->done, &pool->lock);
 	pthread_mutex_unlock(&pool->lock);
 }

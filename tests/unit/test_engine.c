@@ -264,6 +264,49 @@ static void test_dummy_deterministic(void **state)
 	printf("dummy seed 1 twice: same 8 tokens; seed 99: different\n");
 }
 
+/* A repeated long prompt takes its KV blocks from the prefix cache, computes only the
+ * rest, and produces the same tokens; with the cache off nothing is reused. */
+static void test_prefix_cache(void **state)
+{
+	struct sm70_engine_opts eo;
+	struct sm70_request r = { .prompt = prompt_b, .n_prompt = 90, .max_new_tokens = 10,
+				  .ignore_eos = 1, .sampling = { .top_p = 1.0f } };
+	struct sm70_engine_stats st0, st1;
+	struct out o = { 0 };
+	struct sm70_engine *e;
+
+	make_prompts();
+	for (int off = 0; off < 2; off++) {
+		sm70_engine_opts_default(&eo);
+		eo.block_size = 16;
+		eo.no_prefix_cache = off;
+		e = open_engine(&eo);
+		memset(&o, 0, sizeof(o));
+		submit(e, &o, &r);
+		drain(e, &o);
+		sm70_engine_get_stats(e, &st0);
+		submit(e, &o, &r);
+		drain(e, &o);
+		sm70_engine_get_stats(e, &st1);
+		sm70_engine_close(e);
+
+		uint64_t second = st1.computed_tokens - st0.computed_tokens;
+		printf("prefix cache %s: first run computed %llu tokens, repeat computed %llu, "
+		       "hit tokens %llu\n", off ? "off" : "on",
+		       (unsigned long long)st0.computed_tokens, (unsigned long long)second,
+		       (unsigned long long)(st1.prefix_hit_tokens - st0.prefix_hit_tokens));
+		assert_memory_equal(o.tok[0], o.tok[1], sizeof(int32_t) * 10);
+		if (off) {
+			assert_int_equal(st1.prefix_hit_tokens, 0);
+			assert_int_equal(second, st0.computed_tokens);
+		} else {
+			/* 90-token prompt: 5 full blocks (80 tokens) of 16 before the last token */
+			assert_int_equal(st1.prefix_hit_tokens - st0.prefix_hit_tokens, 80);
+			assert_int_equal(second, st0.computed_tokens - 80);
+		}
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -272,6 +315,7 @@ int main(void)
 		cmocka_unit_test(test_cancel_frees_blocks),
 		cmocka_unit_test(test_bad_requests),
 		cmocka_unit_test(test_dummy_deterministic),
+		cmocka_unit_test(test_prefix_cache),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
