@@ -34,8 +34,8 @@ struct sm70_weight {
 
 /* One layer's paged KV cache: n_blocks blocks of block_size tokens; within a block,
  * token-major then head then dim: k[((blk * block_size + off) * n_kv_heads + h) * head_dim
- * + d]. A "slot" is blk * block_size + off. dtype f32 or f16 (CPU), f16 or f8e4m3
- * (CUDA); FP8 values are stored as x / scale. */
+ * + d]. A "slot" is blk * block_size + off. dtype f32, f16 or f8e4m3 (CPU), f16 or
+ * f8e4m3 (CUDA); FP8 values are stored as x / scale. */
 struct sm70_kv_layer {
 	void *k;
 	void *v;

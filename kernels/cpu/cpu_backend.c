@@ -59,23 +59,35 @@ float *sm70__cpu_scratch(struct sm70__cpu *c, size_t floats)
 	return p;
 }
 
+/*
+ * Zeroed, 64-byte aligned memory. calloc, not aligned_alloc + memset: for large blocks
+ * (KV caches, workspaces: tens of MiB) glibc hands out fresh mmap pages that are
+ * already zero, so only the pages a model actually touches are ever faulted in. The
+ * pointer calloc returned is kept just below the aligned one, for buf_free.
+ */
 static void *cpu_buf_alloc(struct sm70_backend *be, size_t bytes)
 {
-	void *p;
+	const size_t extra = 64 + sizeof(void *);
+	uintptr_t base, p;
 
-	/* aligned_alloc wants a multiple of the alignment; 0 bytes still gets a pointer. */
-	if (bytes > SIZE_MAX - 63)
+	if (bytes > SIZE_MAX - extra)
 		return NULL;
-	bytes = bytes ? (bytes + 63) & ~(size_t)63 : 64;
-	p = aligned_alloc(64, bytes);
-	if (p)
-		memset(p, 0, bytes);
-	return p;
+	base = (uintptr_t)calloc(1, bytes + extra);
+	if (!base)
+		return NULL;
+	p = (base + sizeof(void *) + 63) & ~(uintptr_t)63;
+	memcpy((void *)(p - sizeof(void *)), &base, sizeof(base));
+	return (void *)p;
 }
 
 static void cpu_buf_free(struct sm70_backend *be, void *p)
 {
-	free(p);
+	uintptr_t base;
+
+	if (!p)
+		return;
+	memcpy(&base, (char *)p - sizeof(void *), sizeof(base));
+	free((void *)base);
 }
 
 static int cpu_upload(struct sm70_backend *be, void *dst, const void *src, size_t bytes)
@@ -153,6 +165,10 @@ int sm70_backend_cpu_create(struct sm70_backend **out, int n_threads, struct sm7
 	c->be.ops = &cpu_ops;
 	c->be.name = "cpu";
 	c->be.act_dtype = SM70_DTYPE_F32;
+	c->be.weight_dtype = SM70_DTYPE_COUNT; /* matmul reads f32, f16 and bf16 as stored */
+	c->be.kv_dtypes = (1u << SM70_DTYPE_F32) | (1u << SM70_DTYPE_F16) |
+			  (1u << SM70_DTYPE_F8E4M3);
+	c->be.kv_dtype_default = SM70_DTYPE_F32;
 	c->be.priv = c;
 	*out = &c->be;
 	return 0;

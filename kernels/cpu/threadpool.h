@@ -1,11 +1,11 @@
 /*
  * threadpool.h - a small persistent pthread pool for the CPU backend's data-parallel ops.
  *
- * A pool of n threads is the caller plus n - 1 workers that sleep on a condition
- * variable between jobs. sm70__pool_run() splits [0, n_items) into contiguous chunks
- * that the workers and the caller claim from a shared counter, and returns when every
- * chunk is done; jobs no larger than one grain run inline in the caller, without waking
- * anyone.
+ * A pool of n threads is the caller plus n - 1 workers that, between jobs, poll briefly
+ * (tens of microseconds) and then sleep on a condition variable. sm70__pool_run()
+ * splits [0, n_items) into contiguous chunks that the workers and the caller claim from
+ * a shared counter, and returns when every chunk is done; jobs no larger than one grain
+ * run inline in the caller, without waking anyone.
  *
  * Non-goals: task graphs, nested or concurrent runs (one caller at a time per pool),
  * work stealing, priorities.
