@@ -46,11 +46,15 @@ static void *cuda_buf_alloc(struct sm70_backend *be, size_t bytes)
 	return p;
 }
 
+/* Waits for the stream first: work queued on it may still use p. */
 static void cuda_buf_free(struct sm70_backend *be, void *p)
 {
-	sm70__cuda_enter(be);
-	if (p)
-		SM70_CUDA_CHECK(be, cudaFree(p));
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+
+	if (!p)
+		return;
+	SM70_CUDA_CHECK(be, cudaStreamSynchronize(c->stream));
+	SM70_CUDA_CHECK(be, cudaFree(p));
 }
 
 /* Copies through the pinned slots: a slot is reused only after its last copy finished, so

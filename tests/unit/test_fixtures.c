@@ -1,7 +1,13 @@
 /*
- * test_fixtures - the CPU engine reproduces transformers on every committed fixture:
- * greedy tokens exactly, top-5 logprob gaps within 1e-3, alone and batched together
- * (mixed lengths, chunked prefill, small KV blocks).
+ * test_fixtures - the engine reproduces transformers on every committed fixture, alone
+ * and batched together (mixed lengths, chunked prefill, small KV blocks).
+ *
+ * CPU backend (the default): greedy tokens exactly, top-5 logprob gaps within 1e-3.
+ * SM70_BACKEND=cuda (run on a GPU machine by tools/gpu-check.sh): fp16 numerics, so
+ * tokens must be equal at every step where the reference's top-1/top-2 margin exceeds
+ * 0.05 (after a divergence at a closer step the continuations legitimately differ and
+ * the case stops there), and gaps agree within 2e-2. SM70_KV_DTYPE=fp8 selects an FP8
+ * KV cache.
  */
 #include <dirent.h>
 #include <jansson.h>
@@ -18,7 +24,10 @@
 #include "daemon/engine/engine.h"
 
 #define FIXTURES "tests/fixtures"
-#define GAP_TOL 1e-3
+static double gap_tol = 1e-3;
+static double margin_min = 0; /* steps closer than this may diverge (GPU only) */
+static const char *backend = "cpu";
+static enum sm70_dtype kv_dtype = SM70_DTYPE_COUNT;
 #define MAX_CASES 8
 #define MAX_STEPS 64
 
@@ -97,16 +106,21 @@ static double check_case(const char *name, int idx, json_t *cs, const struct got
 	int n = (int)json_array_size(toks);
 	double worst = 0;
 
-	if (g->n != n)
-		fail_msg("%s case %d: %d tokens, reference has %d", name, idx, g->n, n);
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < n && i < g->n; i++) {
 		int want = (int)json_integer_value(json_array_get(toks, (size_t)i));
 		json_t *ref = json_array_get(tops, (size_t)i);
 		double ref0 = json_real_value(json_object_get(json_array_get(ref, 0), "logprob"));
+		double ref1 = json_real_value(json_object_get(json_array_get(ref, 1), "logprob"));
 
-		if (g->tok[i] != want)
-			fail_msg("%s case %d step %d: token %d, transformers chose %d", name, idx, i,
-				 g->tok[i], want);
+		if (g->tok[i] != want) {
+			if (ref0 - ref1 > margin_min)
+				fail_msg("%s case %d step %d: token %d, transformers chose %d (margin "
+					 "%.4f)", name, idx, i, g->tok[i], want, ref0 - ref1);
+			printf("%s case %d: diverges at step %d where the reference margin is "
+			       "%.4f (<= %.2f): compared up to there\n", name, idx, i, ref0 - ref1,
+			       margin_min);
+			return worst;
+		}
 		assert_true(g->s[i].n_top == 5);
 		for (int k = 1; k < 5; k++) {
 			double rk = json_real_value(json_object_get(json_array_get(ref, (size_t)k),
@@ -115,17 +129,19 @@ static double check_case(const char *name, int idx, json_t *cs, const struct got
 			double d = fabs(ours - (ref0 - rk));
 			if (d > worst)
 				worst = d;
-			if (d > GAP_TOL)
+			if (d > gap_tol)
 				fail_msg("%s case %d step %d: top-%d gap %.6f, reference %.6f", name,
 					 idx, i, k, ours, ref0 - rk);
 		}
 		double dl = fabs((double)g->s[i].logprob - ref0);
 		if (dl > worst)
 			worst = dl;
-		if (dl > GAP_TOL)
+		if (dl > gap_tol)
 			fail_msg("%s case %d step %d: logprob %.6f, reference %.6f", name, idx, i,
 				 g->s[i].logprob, ref0);
 	}
+	if (g->n != n)
+		fail_msg("%s case %d: %d tokens, reference has %d", name, idx, g->n, n);
 	return worst;
 }
 
@@ -168,6 +184,8 @@ static void alone(const char *dir, const char *name)
 	struct collect c;
 
 	sm70_engine_opts_default(&eo);
+	eo.backend = backend;
+	eo.kv_dtype = kv_dtype;
 	for (size_t i = 0; i < json_array_size(cases); i++) {
 		run_cases(dir, cases, (int)i, 1, &eo, &c);
 		double worst = check_case(name, (int)i, json_array_get(cases, i), &c.got[0]);
@@ -185,6 +203,8 @@ static void batched(const char *dir, const char *name)
 	struct collect c;
 
 	sm70_engine_opts_default(&eo);
+	eo.backend = backend;
+	eo.kv_dtype = kv_dtype;
 	eo.max_batch_tokens = 48; /* long prompts take several chunked steps */
 	eo.block_size = 7;        /* odd size: many blocks, boundaries everywhere */
 	eo.max_seqs = 4;
@@ -211,6 +231,17 @@ static void test_batched(void **state)
 
 int main(void)
 {
+	const char *b = getenv("SM70_BACKEND"), *kv = getenv("SM70_KV_DTYPE");
+
+	if (b && strcmp(b, "cuda") == 0) {
+		backend = "cuda";
+		gap_tol = 2e-2;
+		margin_min = 0.05;
+	}
+	if (kv && strcmp(kv, "fp8") == 0)
+		kv_dtype = SM70_DTYPE_F8E4M3;
+	printf("backend %s, KV %s, gap tolerance %g\n", backend,
+	       kv_dtype == SM70_DTYPE_COUNT ? "default" : sm70_dtype_name(kv_dtype), gap_tol);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_alone),
 		cmocka_unit_test(test_batched),

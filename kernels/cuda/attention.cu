@@ -1,0 +1,451 @@
+/*
+ * attention.cu - the CUDA attention op: causal attention of each new token over its
+ * sequence's paged KV cache (f16 or FP8-E4M3), f16 q and out, fp32 softmax.
+ *
+ * Fast path: one block per (token, KV head) computes every query head of that GQA group,
+ * so each K/V element is read from memory once per group. The block walks the token's
+ * positions a tile at a time: the tile's K and V rows are copied (FP8 decoded) into
+ * shared memory as f16, the scores of all group heads against the tile are computed by
+ * all threads, one warp per head updates that head's running max and normaliser (online
+ * softmax), and all threads fold the tile's V rows into the fp32 accumulators. When the
+ * batch has too few (token, KV head) pairs to fill the GPU and the context is long, the
+ * positions are split into chunks over several blocks (split-KV); each writes its partial
+ * (max, normaliser, unnormalised sum) to the backend's scratch and a second kernel merges
+ * them. head_dim 32, 64, 128 and 256 have fast kernels; other sizes take the reference.
+ *
+ * Reference path (SM70_ATTENTION=reference, or a shape the fast path does not take): one
+ * block per (token, head), one thread per output dim, one position at a time through the
+ * same online softmax. Slow and plain on purpose.
+ *
+ * FP8 decode is integer work: an e4m3 byte's magnitude shifted left by 7 is an f16 whose
+ * value is 2^-8 times the e4m3 value (subnormals included), so the tile holds those f16s
+ * and the 2^8 goes into the scale. The NaN code 0x7f (never written by kv_write but for a
+ * NaN input) decodes as 480 on the fast path.
+ *
+ * Non-goals: sliding windows, ALiBi, soft-capping, sinks; tensor cores (decode attention
+ * is bound by reading the cache); prefill-specific tiling over several query tokens.
+ */
+#include <math.h>
+
+#include "kernels/cuda/cuda_check.h"
+
+#define ATTN_THREADS 128
+#define ATTN_WARPS (ATTN_THREADS / 32)
+
+struct attn_args {
+	__half *out;
+	const __half *q;
+	int q_ld;
+	const void *kc;
+	const void *vc;
+	float k_mul; /* scale * k_scale (times 2^8 for FP8 tiles) */
+	float v_mul; /* v_scale (times 2^8 for FP8 tiles) */
+	int n_kv;
+	int bs;
+	int max_blocks;
+	const int32_t *tok_pos;
+	const int32_t *tok_seq;
+	const int32_t *block_tables;
+	int n_heads;
+	int group;
+	int chunk;  /* positions per split (a multiple of the tile) */
+	int nsplit; /* 1: write out directly; else partials into part */
+	float *part;
+};
+
+/* Positions per tile: 64 rows of K and V fit shared memory up to head_dim 128. */
+template <int D> struct tile {
+	static constexpr int TP = D >= 256 ? 32 : 64;
+	static constexpr int KS = D + 8; /* row stride in halves: 16-byte pad, no bank clash */
+};
+
+/* Dynamic shared memory of the fast kernel: floats (q, acc, scores, m, l, alpha), then
+ * the K and V tiles. */
+template <int D> static size_t attn_smem(int group)
+{
+	size_t floats = (size_t)group * (2 * D + tile<D>::TP + 3);
+
+	floats = (floats + 3) & ~(size_t)3;
+	return floats * sizeof(float) + 2 * (size_t)tile<D>::TP * tile<D>::KS * sizeof(__half);
+}
+
+/* 8 e4m3 bytes to 8 f16 holding 2^-8 times their values. */
+static __device__ __forceinline__ uint4 e4m3x8_to_f16_scaled(uint2 in)
+{
+	uint32_t src[2] = { in.x, in.y };
+	uint32_t dst[4];
+
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		uint32_t w = src[i >> 1] >> ((i & 1) * 16);
+		uint32_t lo = ((w & 0x7fu) << 7) | ((w & 0x80u) << 8);
+		uint32_t hi = (((w >> 8) & 0x7fu) << 7) | (((w >> 8) & 0x80u) << 8);
+
+		dst[i] = lo | (hi << 16);
+	}
+	return make_uint4(dst[0], dst[1], dst[2], dst[3]);
+}
+
+template <int D, bool FP8>
+static __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_args a)
+{
+	constexpr int TP = tile<D>::TP, KS = tile<D>::KS, VPR = D / 8;
+	extern __shared__ float4 smem_raw[];
+	const int G = a.group;
+	float *q_s = (float *)smem_raw;
+	float *acc_s = q_s + G * D;
+	float *s_s = acc_s + G * D;
+	float *m_s = s_s + G * TP;
+	float *l_s = m_s + G;
+	float *al_s = l_s + G;
+	__half *k_s = (__half *)(q_s + (((size_t)G * (2 * D + TP + 3) + 3) & ~(size_t)3));
+	__half *v_s = k_s + TP * KS;
+
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int tok = blockIdx.x / a.n_kv, kvh = blockIdx.x - tok * a.n_kv;
+	const int split = blockIdx.y;
+	const int npos = a.tok_pos[tok] + 1;
+	const int p0 = split * a.chunk;
+	const int p1 = min(p0 + a.chunk, npos);
+	const int32_t *bt = a.block_tables + (size_t)a.tok_seq[tok] * a.max_blocks;
+	const __half *qt = a.q + (size_t)tok * a.q_ld + (size_t)kvh * G * D;
+
+	for (int i = tid; i < G * D; i += ATTN_THREADS) {
+		q_s[i] = __half2float(qt[i]);
+		acc_s[i] = 0.0f;
+	}
+	for (int g = tid; g < G; g += ATTN_THREADS) {
+		m_s[g] = -INFINITY;
+		l_s[g] = 0.0f;
+	}
+	__syncthreads();
+
+	for (int t0 = p0; t0 < p1; t0 += TP) {
+		const int nt = min(TP, p1 - t0);
+
+		/* K and V rows of the tile into shared memory, 16 bytes (8 dims) a thread. */
+		for (int idx = tid; idx < nt * VPR; idx += ATTN_THREADS) {
+			const int r = idx / VPR, cv = idx - r * VPR, p = t0 + r;
+			const size_t slot = (size_t)bt[p / a.bs] * a.bs + p % a.bs;
+			const size_t off = (slot * a.n_kv + kvh) * D + (size_t)cv * 8;
+			uint4 kv4, vv4;
+
+			if (FP8) {
+				kv4 = e4m3x8_to_f16_scaled(
+					__ldg((const uint2 *)((const uint8_t *)a.kc + off)));
+				vv4 = e4m3x8_to_f16_scaled(
+					__ldg((const uint2 *)((const uint8_t *)a.vc + off)));
+			} else {
+				kv4 = __ldg((const uint4 *)((const __half *)a.kc + off));
+				vv4 = __ldg((const uint4 *)((const __half *)a.vc + off));
+			}
+			*(uint4 *)(k_s + r * KS + cv * 8) = kv4;
+			*(uint4 *)(v_s + r * KS + cv * 8) = vv4;
+		}
+		__syncthreads();
+
+		/* Scores of every group head against every tile row. */
+		for (int idx = tid; idx < G * nt; idx += ATTN_THREADS) {
+			const int g = idx / nt, r = idx - g * nt;
+			const __half *kr = k_s + r * KS;
+			const float *qg = q_s + g * D;
+			float s = 0.0f;
+
+#pragma unroll 4
+			for (int cv = 0; cv < VPR; cv++) {
+				uint4 k8 = *(const uint4 *)(kr + cv * 8);
+				const __half2 *kh = (const __half2 *)&k8;
+				float4 qa = *(const float4 *)(qg + cv * 8);
+				float4 qb = *(const float4 *)(qg + cv * 8 + 4);
+				float2 f0 = __half22float2(kh[0]), f1 = __half22float2(kh[1]);
+				float2 f2 = __half22float2(kh[2]), f3 = __half22float2(kh[3]);
+
+				s += qa.x * f0.x + qa.y * f0.y + qa.z * f1.x + qa.w * f1.y +
+				     qb.x * f2.x + qb.y * f2.y + qb.z * f3.x + qb.w * f3.y;
+			}
+			s_s[g * TP + r] = s * a.k_mul;
+		}
+		__syncthreads();
+
+		/* Online softmax: one warp per head. */
+		for (int g = warp; g < G; g += ATTN_WARPS) {
+			float v[TP / 32], mx = -INFINITY, sum = 0.0f;
+
+#pragma unroll
+			for (int j = 0; j < TP / 32; j++) {
+				const int r = lane + 32 * j;
+
+				v[j] = r < nt ? s_s[g * TP + r] : -INFINITY;
+				mx = fmaxf(mx, v[j]);
+			}
+			mx = sm70__warp_max(mx);
+			const float m_old = m_s[g], m_new = fmaxf(m_old, mx);
+#pragma unroll
+			for (int j = 0; j < TP / 32; j++) {
+				const int r = lane + 32 * j;
+
+				if (r < nt) {
+					float e = expf(v[j] - m_new);
+
+					s_s[g * TP + r] = e;
+					sum += e;
+				}
+			}
+			sum = sm70__warp_sum(sum);
+			if (lane == 0) {
+				const float alpha = expf(m_old - m_new);
+
+				l_s[g] = l_s[g] * alpha + sum;
+				m_s[g] = m_new;
+				al_s[g] = alpha;
+			}
+		}
+		__syncthreads();
+
+		/* acc = acc * alpha + P V, two dims a thread. */
+		for (int i = tid; i < G * D / 2; i += ATTN_THREADS) {
+			const int g = i / (D / 2), d = (i - g * (D / 2)) * 2;
+			const float *pg = s_s + g * TP;
+			float2 acc = *(float2 *)(acc_s + g * D + d);
+			const float al = al_s[g];
+
+			acc.x *= al;
+			acc.y *= al;
+			for (int r = 0; r < nt; r++) {
+				float2 vf = __half22float2(*(const __half2 *)(v_s + r * KS + d));
+				float p = pg[r];
+
+				acc.x += p * vf.x;
+				acc.y += p * vf.y;
+			}
+			*(float2 *)(acc_s + g * D + d) = acc;
+		}
+		__syncthreads();
+	}
+
+	if (a.nsplit == 1) {
+		__half *o = a.out + ((size_t)tok * a.n_heads + (size_t)kvh * G) * D;
+
+		for (int i = tid; i < G * D; i += ATTN_THREADS)
+			o[i] = __float2half_rn(acc_s[i] * a.v_mul / l_s[i / D]);
+		return;
+	}
+	for (int i = tid; i < G * (D + 2); i += ATTN_THREADS) {
+		const int g = i / (D + 2), j = i - g * (D + 2);
+		const int h = kvh * G + g;
+		float *pp = a.part + (((size_t)tok * a.n_heads + h) * a.nsplit + split) * (D + 2);
+
+		pp[j] = j == 0 ? m_s[g] : j == 1 ? l_s[g] : acc_s[g * D + j - 2] * a.v_mul;
+	}
+}
+
+/* Merges the nsplit partials of each (token, head): one block each, one thread a dim. */
+static __global__ void attn_merge_kernel(__half *__restrict__ out,
+					 const float *__restrict__ part, int nsplit, int D)
+{
+	const float *pp = part + (size_t)blockIdx.x * nsplit * (D + 2);
+	float mx = -INFINITY, l = 0.0f, o = 0.0f;
+
+	for (int z = 0; z < nsplit; z++)
+		mx = fmaxf(mx, pp[(size_t)z * (D + 2)]);
+	for (int z = 0; z < nsplit; z++) {
+		const float *pz = pp + (size_t)z * (D + 2);
+
+		if (pz[1] == 0.0f)
+			continue; /* an empty split (past this token's position) */
+		const float wz = expf(pz[0] - mx);
+
+		l += pz[1] * wz;
+		if (threadIdx.x < D)
+			o += pz[2 + threadIdx.x] * wz;
+	}
+	if (threadIdx.x < D)
+		out[(size_t)blockIdx.x * D + threadIdx.x] = __float2half_rn(o / l);
+}
+
+/* e4m3 decoded the plain way, for the reference kernel. */
+static __device__ float e4m3_to_f32(uint8_t v)
+{
+	const int e = (v >> 3) & 0xf, m = v & 7;
+	float f;
+
+	if (e == 0xf && m == 7)
+		return NAN;
+	f = e == 0 ? (float)m * 0x1p-9f : ldexpf(1.0f + (float)m / 8.0f, e - 7);
+	return (v & 0x80) ? -f : f;
+}
+
+/* One block per (token, head); thread d owns output dim d. */
+static __global__ void attn_ref_kernel(__half *__restrict__ out, const __half *__restrict__ q,
+				       int q_ld, const void *kc, const void *vc, int fp8,
+				       float k_scale, float v_scale, int n_kv, int D, int bs,
+				       int max_blocks, const int32_t *__restrict__ tok_pos,
+				       const int32_t *__restrict__ tok_seq,
+				       const int32_t *__restrict__ block_tables, int n_heads,
+				       float scale)
+{
+	__shared__ float red[2][32];
+	const int tok = blockIdx.x / n_heads, h = blockIdx.x - tok * n_heads;
+	const int kvh = h / (n_heads / n_kv), d = threadIdx.x;
+	const int lane = d & 31, warp = d >> 5, nw = (blockDim.x + 31) >> 5;
+	const int npos = tok_pos[tok] + 1;
+	const int32_t *bt = block_tables + (size_t)tok_seq[tok] * max_blocks;
+	const float qd = d < D ? __half2float(q[(size_t)tok * q_ld + (size_t)h * D + d]) : 0.0f;
+	float m = -INFINITY, l = 0.0f, acc = 0.0f;
+
+	for (int p = 0; p < npos; p++) {
+		const size_t slot = (size_t)bt[p / bs] * bs + p % bs;
+		const size_t off = (slot * n_kv + kvh) * D + d;
+		float kd = 0.0f, vd = 0.0f, s = 0.0f;
+
+		if (d < D) {
+			if (fp8) {
+				kd = e4m3_to_f32(((const uint8_t *)kc)[off]) * k_scale;
+				vd = e4m3_to_f32(((const uint8_t *)vc)[off]) * v_scale;
+			} else {
+				kd = __half2float(((const __half *)kc)[off]);
+				vd = __half2float(((const __half *)vc)[off]);
+			}
+		}
+		s = sm70__warp_sum(qd * kd);
+		if (lane == 0)
+			red[p & 1][warp] = s;
+		__syncthreads(); /* red[p & 1] is next written two positions on, after the
+				  * barrier of the position between */
+		s = 0.0f;
+		for (int w = 0; w < nw; w++)
+			s += red[p & 1][w];
+		s *= scale;
+		const float m_new = fmaxf(m, s);
+		const float alpha = expf(m - m_new), e = expf(s - m_new);
+
+		l = l * alpha + e;
+		acc = acc * alpha + e * vd;
+		m = m_new;
+	}
+	if (d < D)
+		out[((size_t)tok * n_heads + h) * D + d] = __float2half_rn(acc / l);
+}
+
+template <int D, bool FP8>
+static int attn_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens, int max_pos)
+{
+	constexpr int TP = tile<D>::TP;
+	const size_t smem = attn_smem<D>(a.group);
+	const long blocks = (long)n_tokens * a.n_kv;
+	const size_t per_split = (size_t)n_tokens * a.n_heads * (D + 2) * sizeof(float);
+	int nsplit = 1;
+
+	if (smem > c->smem_optin)
+		return -ENOSPC;
+	if (smem > 48 * 1024 &&
+	    SM70_CUDA_CHECK(&c->be,
+			    cudaFuncSetAttribute(attn_kernel<D, FP8>,
+						 cudaFuncAttributeMaxDynamicSharedMemorySize,
+						 (int)smem)))
+		return -EIO;
+	/* Split the positions when the (token, KV head) pairs fill less than two waves and
+	 * each split still gets at least two tiles. */
+	if (blocks < 2L * c->n_sm && max_pos > 2 * TP) {
+		long want = (2L * c->n_sm + blocks - 1) / blocks;
+		long most = (max_pos + 2 * TP - 1) / (2 * TP);
+		long room = (long)(SM70__CUDA_ATTN_PART_BYTES / per_split);
+
+		nsplit = (int)(want < most ? want : most);
+		if (nsplit > room)
+			nsplit = (int)room;
+		if (nsplit < 1)
+			nsplit = 1;
+	}
+	a.chunk = (max_pos + nsplit - 1) / nsplit;
+	a.chunk = (a.chunk + TP - 1) / TP * TP;
+	a.nsplit = (max_pos + a.chunk - 1) / a.chunk;
+	a.part = c->attn_part;
+	attn_kernel<D, FP8><<<dim3((unsigned)blocks, a.nsplit), ATTN_THREADS, smem, c->stream>>>(a);
+	if (SM70_CUDA_LAUNCHED(&c->be, "attn_kernel"))
+		return -EIO;
+	if (a.nsplit > 1) {
+		attn_merge_kernel<<<n_tokens * a.n_heads, (D + 31) / 32 * 32, 0, c->stream>>>(
+			a.out, a.part, a.nsplit, D);
+		if (SM70_CUDA_LAUNCHED(&c->be, "attn_merge_kernel"))
+			return -EIO;
+	}
+	return 0;
+}
+
+template <int D>
+static int attn_dispatch_fp8(struct sm70__cuda *c, const struct attn_args &a, int fp8,
+			     int n_tokens, int max_pos)
+{
+	return fp8 ? attn_launch<D, true>(c, a, n_tokens, max_pos) :
+		     attn_launch<D, false>(c, a, n_tokens, max_pos);
+}
+
+/* See backend.h. out must not overlap q or the cache; n_heads must be a multiple of
+ * n_kv_heads; b->max_pos must be at least every tok_pos + 1 (it sizes the split); block
+ * tables must hold valid blocks for every position attended to. */
+extern "C" void sm70__cuda_attention(struct sm70_backend *be, void *out, const void *q,
+				     int q_ld, const struct sm70_kv_layer *kv,
+				     const struct sm70_kv_layout *lay, const struct sm70_batch *b,
+				     int n_heads, float scale)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+	const int D = lay->head_dim, fp8 = lay->dtype == SM70_DTYPE_F8E4M3;
+	const float fp8_mul = fp8 ? 256.0f : 1.0f;
+	struct attn_args a;
+	int ret = -ENOSYS;
+
+	if (b->n_tokens <= 0 || lay->n_kv_heads <= 0 || n_heads % lay->n_kv_heads)
+		return;
+	if (lay->dtype != SM70_DTYPE_F16 && !fp8) {
+		sm70__cuda_fail(be, "attention", __FILE__, __LINE__, "unsupported KV dtype");
+		return;
+	}
+	a.out = (__half *)out;
+	a.q = (const __half *)q;
+	a.q_ld = q_ld;
+	a.kc = kv->k;
+	a.vc = kv->v;
+	a.k_mul = scale * (fp8 ? kv->k_scale * fp8_mul : 1.0f);
+	a.v_mul = fp8 ? kv->v_scale * fp8_mul : 1.0f;
+	a.n_kv = lay->n_kv_heads;
+	a.bs = lay->block_size;
+	a.max_blocks = b->max_blocks;
+	a.tok_pos = b->tok_pos;
+	a.tok_seq = b->tok_seq;
+	a.block_tables = b->block_tables;
+	a.n_heads = n_heads;
+	a.group = n_heads / lay->n_kv_heads;
+	a.chunk = 0;
+	a.nsplit = 1;
+	a.part = NULL;
+
+	/* The fast kernels read q and the cache 16 bytes at a time. */
+	if (!c->attn_ref && (q_ld % 8) == 0 && ((uintptr_t)q & 15) == 0 && b->max_pos > 0) {
+		switch (D) {
+		case 32:
+			ret = attn_dispatch_fp8<32>(c, a, fp8, b->n_tokens, b->max_pos);
+			break;
+		case 64:
+			ret = attn_dispatch_fp8<64>(c, a, fp8, b->n_tokens, b->max_pos);
+			break;
+		case 128:
+			ret = attn_dispatch_fp8<128>(c, a, fp8, b->n_tokens, b->max_pos);
+			break;
+		case 256:
+			ret = attn_dispatch_fp8<256>(c, a, fp8, b->n_tokens, b->max_pos);
+			break;
+		}
+		if (ret == 0 || ret == -EIO)
+			return;
+	}
+	if (D > 1024) {
+		sm70__cuda_fail(be, "attention", __FILE__, __LINE__, "head_dim above 1024");
+		return;
+	}
+	attn_ref_kernel<<<b->n_tokens * n_heads, (D + 31) / 32 * 32, 0, c->stream>>>(
+		(__half *)out, (const __half *)q, q_ld, kv->k, kv->v, fp8, kv->k_scale,
+		kv->v_scale, lay->n_kv_heads, D, lay->block_size, b->max_blocks, b->tok_pos,
+		b->tok_seq, b->block_tables, n_heads, scale);
+	SM70_CUDA_LAUNCHED(be, "attn_ref_kernel");
+}

@@ -1,0 +1,789 @@
+/* test_cuda_ops - every CUDA backend op against its CPU twin, and fast paths against their
+ * reference switches (SM70_MATMUL / SM70_ATTENTION=reference). */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/dtype.h"
+#include "kernels/backend.h"
+
+/*
+ * Errors are reported as max |got - ref| and that divided by max |ref| over the tensor
+ * ("rel"); tolerances bound rel. Outputs stored as f16 on the GPU carry up to 2^-11
+ * relative rounding on top of fp32 differences, so f16 outputs get a few 1e-3; f32
+ * outputs from the same f16 inputs differ only by summation order.
+ */
+#define TOL_EXACT 0.0
+#define TOL_F16_OUT 1.5e-3 /* rounding to f16 (<= 4.9e-4 of the max) plus fp32 noise */
+#define TOL_F32_DOT 3e-5   /* fp32 dots of up to 4096 terms in a different order */
+#define TOL_ROPE 2e-3      /* f16 out; angles up to 4000 rad through two libms */
+#define TOL_ATTN 1.5e-3    /* f16 out; online vs two-pass softmax, fp32 */
+
+static struct sm70_backend *gpu, *gpu_ref, *cpu;
+
+/* ---- helpers ----------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x5eedc0da1234ULL;
+
+static uint64_t rng_next(void)
+{
+	/* splitmix64: reproducible everywhere */
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* uniform in [-amp, amp) */
+static float rnd(float amp)
+{
+	return (float)((double)(rng_next() >> 11) * 0x1p-53 * 2.0 - 1.0) * amp;
+}
+
+static int rnd_int(int n)
+{
+	return (int)(rng_next() % (uint64_t)n);
+}
+
+static float *fvec(size_t n)
+{
+	float *p = calloc(n ? n : 1, sizeof(float));
+
+	assert_non_null(p);
+	return p;
+}
+
+/* n random values in [-amp, amp), rounded to f16 so that both backends see the same. */
+static float *rvec16(size_t n, float amp)
+{
+	float *p = fvec(n);
+
+	for (size_t i = 0; i < n; i++)
+		p[i] = sm70_f16_to_f32(sm70_f32_to_f16(rnd(amp)));
+	return p;
+}
+
+static void *balloc(struct sm70_backend *be, size_t bytes)
+{
+	void *p = be->ops->buf_alloc(be, bytes);
+
+	assert_non_null(p);
+	return p;
+}
+
+static void *up_bytes(struct sm70_backend *be, const void *src, size_t bytes)
+{
+	void *p = balloc(be, bytes);
+
+	assert_int_equal(be->ops->upload(be, p, src, bytes), 0);
+	return p;
+}
+
+/* Backend copy of n floats as the backend's act dtype (f32 on the CPU, f16 on CUDA). */
+static void *up_act(struct sm70_backend *be, const float *v, size_t n)
+{
+	uint16_t *h;
+	void *p;
+
+	if (be->act_dtype == SM70_DTYPE_F32)
+		return up_bytes(be, v, n * sizeof(float));
+	h = malloc((n ? n : 1) * sizeof(*h));
+	assert_non_null(h);
+	for (size_t i = 0; i < n; i++)
+		h[i] = sm70_f32_to_f16(v[i]);
+	p = up_bytes(be, h, n * sizeof(*h));
+	free(h);
+	return p;
+}
+
+/* n act values of a backend buffer as floats. */
+static void get_act(struct sm70_backend *be, float *dst, const void *src, size_t n)
+{
+	uint16_t *h;
+
+	if (be->act_dtype == SM70_DTYPE_F32) {
+		assert_int_equal(be->ops->download(be, dst, src, n * sizeof(float)), 0);
+		return;
+	}
+	h = malloc((n ? n : 1) * sizeof(*h));
+	assert_non_null(h);
+	assert_int_equal(be->ops->download(be, h, src, n * sizeof(*h)), 0);
+	for (size_t i = 0; i < n; i++)
+		dst[i] = sm70_f16_to_f32(h[i]);
+	free(h);
+}
+
+static void get_f32(struct sm70_backend *be, float *dst, const void *src, size_t n)
+{
+	assert_int_equal(be->ops->download(be, dst, src, n * sizeof(float)), 0);
+}
+
+static void bfree(struct sm70_backend *be, void *p)
+{
+	be->ops->buf_free(be, p);
+}
+
+/* Prints and checks max |got - ref| / max |ref| <= tol. Returns the relative error. */
+static double compare(const char *what, const float *got, const float *ref, size_t n,
+		      double tol)
+{
+	double max_abs = 0.0, max_ref = 0.0, rel;
+	size_t worst = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		double a = fabs((double)got[i] - (double)ref[i]);
+
+		if (isnan(got[i]) != isnan(ref[i]))
+			a = INFINITY;
+		if (a > max_abs || (isinf(a) && !isinf(max_abs))) {
+			max_abs = a;
+			worst = i;
+		}
+		if (fabs((double)ref[i]) > max_ref)
+			max_ref = fabs((double)ref[i]);
+	}
+	rel = max_ref > 0 ? max_abs / max_ref : max_abs;
+	printf("  %-44s max abs %.3g  rel %.3g  over %zu values (tol %.1g)\n", what, max_abs,
+	       rel, n, tol);
+	if (!(rel <= tol))
+		printf("  worst at %zu: got %.8g ref %.8g\n", worst, got[worst], ref[worst]);
+	assert_true(rel <= tol);
+	return rel;
+}
+
+/* A weight on a backend: f16 values (the CUDA weight_dtype; the CPU reads f16 too). */
+static struct sm70_weight mk_weight(struct sm70_backend *be, const float *v, int rows, int cols)
+{
+	struct sm70_weight w = { SM70_DTYPE_F16, rows, cols, NULL };
+	size_t n = (size_t)rows * cols;
+	uint16_t *h = malloc(n * sizeof(*h));
+
+	assert_non_null(h);
+	for (size_t i = 0; i < n; i++)
+		h[i] = sm70_f32_to_f16(v[i]);
+	w.data = up_bytes(be, h, n * sizeof(*h));
+	free(h);
+	return w;
+}
+
+/* ---- tests ------------------------------------------------------------------------- */
+
+static void test_basics(void **state)
+{
+	const size_t n = (10u << 20) / 4 + 77; /* > two 4 MiB staging slots */
+	float *a = fvec(n), *b = fvec(n), *keep = fvec(n);
+	void *d;
+
+	assert_int_equal(gpu->act_dtype, SM70_DTYPE_F16);
+	assert_int_equal(gpu->weight_dtype, SM70_DTYPE_F16);
+	assert_true(gpu->kv_dtypes & (1u << SM70_DTYPE_F16));
+	assert_true(gpu->kv_dtypes & (1u << SM70_DTYPE_F8E4M3));
+	assert_int_equal(gpu->kv_dtype_default, SM70_DTYPE_F16);
+	for (size_t i = 0; i < n; i++)
+		a[i] = rnd(1.0f);
+	memcpy(keep, a, n * sizeof(float));
+	d = up_bytes(gpu, a, n * sizeof(float));
+	/* the caller may reuse its buffer as soon as upload returns */
+	memset(a, 0xff, n * sizeof(float));
+	get_f32(gpu, b, d, n);
+	assert_memory_equal(keep, b, n * sizeof(float));
+	assert_int_equal(gpu->ops->sync(gpu), 0);
+	printf("  upload/download round trip of %zu bytes: equal\n", n * sizeof(float));
+	bfree(gpu, d);
+	free(a);
+	free(b);
+	free(keep);
+}
+
+static void test_embed(void **state)
+{
+	const int dims[] = { 64, 130, 4096 }, ns[] = { 1, 3, 17 }, vocab = 300;
+
+	for (int di = 0; di < 3; di++) {
+		for (int ni = 0; ni < 3; ni++) {
+			int dim = dims[di], n = ns[ni];
+			float *tab = rvec16((size_t)vocab * dim, 1.0f);
+			int32_t *ids = malloc(n * sizeof(*ids));
+			float *gc = fvec((size_t)n * dim), *gg = fvec((size_t)n * dim);
+			struct sm70_weight tc = mk_weight(cpu, tab, vocab, dim);
+			struct sm70_weight tg = mk_weight(gpu, tab, vocab, dim);
+			void *ic, *ig;
+			float *xc = balloc(cpu, (size_t)n * dim * 4);
+			float *xg = balloc(gpu, (size_t)n * dim * 4);
+			char what[64];
+
+			for (int i = 0; i < n; i++)
+				ids[i] = rnd_int(vocab);
+			if (n > 1)
+				ids[n - 1] = vocab; /* out of range: a zero row on both */
+			ic = up_bytes(cpu, ids, n * sizeof(*ids));
+			ig = up_bytes(gpu, ids, n * sizeof(*ids));
+			cpu->ops->embed(cpu, xc, &tc, ic, n);
+			gpu->ops->embed(gpu, xg, &tg, ig, n);
+			get_f32(cpu, gc, xc, (size_t)n * dim);
+			get_f32(gpu, gg, xg, (size_t)n * dim);
+			snprintf(what, sizeof(what), "embed f16 n=%d dim=%d", n, dim);
+			/* f16 -> f32 is exact: bitwise equal */
+			compare(what, gg, gc, (size_t)n * dim, TOL_EXACT);
+			bfree(cpu, ic), bfree(gpu, ig), bfree(cpu, xc), bfree(gpu, xg);
+			bfree(cpu, tc.data), bfree(gpu, tg.data);
+			free(tab), free(ids), free(gc), free(gg);
+		}
+	}
+	{
+		/* a bf16 table (a checkpoint dtype kept as is) */
+		const int dim = 130, n = 5;
+		uint16_t *h = malloc((size_t)vocab * dim * 2);
+		float *ref = fvec((size_t)n * dim), *got = fvec((size_t)n * dim);
+		int32_t ids[5] = { 0, 299, 7, 150, 42 };
+		struct sm70_weight tg = { SM70_DTYPE_BF16, vocab, dim, NULL };
+		float *xg = balloc(gpu, (size_t)n * dim * 4);
+		void *ig = up_bytes(gpu, ids, sizeof(ids));
+
+		for (size_t i = 0; i < (size_t)vocab * dim; i++)
+			h[i] = sm70_f32_to_bf16(rnd(2.0f));
+		tg.data = up_bytes(gpu, h, (size_t)vocab * dim * 2);
+		for (int i = 0; i < n; i++)
+			for (int k = 0; k < dim; k++)
+				ref[i * dim + k] = sm70_bf16_to_f32(h[(size_t)ids[i] * dim + k]);
+		gpu->ops->embed(gpu, xg, &tg, ig, n);
+		get_f32(gpu, got, xg, (size_t)n * dim);
+		compare("embed bf16 n=5 dim=130", got, ref, (size_t)n * dim, TOL_EXACT);
+		bfree(gpu, tg.data), bfree(gpu, xg), bfree(gpu, ig);
+		free(h), free(ref), free(got);
+	}
+}
+
+static void test_add_rmsnorm(void **state)
+{
+	const int dims[] = { 64, 130, 4096 }, ns[] = { 1, 3, 16, 17, 33 };
+
+	for (int di = 0; di < 3; di++) {
+		for (int ni = 0; ni < 5; ni++) {
+			for (int mode = 0; mode < 3; mode++) { /* 0 no delta, 1 delta, 2 y==delta */
+				int dim = dims[di], n = ns[ni];
+				size_t cnt = (size_t)n * dim;
+				float *r = fvec(cnt), *d = rvec16(cnt, 2.0f), *w = fvec(dim);
+				float *yc = fvec(cnt), *yg = fvec(cnt);
+				float *rc = fvec(cnt), *rg = fvec(cnt);
+				float *wc, *wg, *resc, *resg;
+				void *dc = NULL, *dg = NULL, *ybc, *ybg;
+				char what[80];
+
+				for (size_t i = 0; i < cnt; i++)
+					r[i] = rnd(3.0f);
+				for (int k = 0; k < dim; k++)
+					w[k] = 1.0f + rnd(0.5f);
+				wc = up_bytes(cpu, w, dim * 4);
+				wg = up_bytes(gpu, w, dim * 4);
+				resc = up_bytes(cpu, r, cnt * 4);
+				resg = up_bytes(gpu, r, cnt * 4);
+				if (mode) {
+					dc = up_act(cpu, d, cnt);
+					dg = up_act(gpu, d, cnt);
+				}
+				ybc = mode == 2 ? dc : balloc(cpu, cnt * 4);
+				ybg = mode == 2 ? dg : balloc(gpu, cnt * 2);
+				cpu->ops->add_rmsnorm(cpu, ybc, resc, dc, wc, n, dim, 1e-6f);
+				gpu->ops->add_rmsnorm(gpu, ybg, resg, dg, wg, n, dim, 1e-6f);
+				get_act(cpu, yc, ybc, cnt);
+				get_act(gpu, yg, ybg, cnt);
+				get_f32(cpu, rc, resc, cnt);
+				get_f32(gpu, rg, resg, cnt);
+				snprintf(what, sizeof(what),
+					 "add_rmsnorm resid n=%d dim=%d mode=%d", n, dim, mode);
+				/* the same single f32 add on both: bitwise */
+				compare(what, rg, rc, cnt, TOL_EXACT);
+				snprintf(what, sizeof(what), "add_rmsnorm y n=%d dim=%d mode=%d", n,
+					 dim, mode);
+				compare(what, yg, yc, cnt, TOL_F16_OUT);
+				if (mode != 2) {
+					bfree(cpu, ybc);
+					bfree(gpu, ybg);
+				}
+				if (mode) {
+					bfree(cpu, dc);
+					bfree(gpu, dg);
+				}
+				bfree(cpu, wc), bfree(gpu, wg), bfree(cpu, resc), bfree(gpu, resg);
+				free(r), free(d), free(w), free(yc), free(yg), free(rc), free(rg);
+			}
+		}
+	}
+}
+
+static void test_add(void **state)
+{
+	const size_t cnt = 3 * 4096 + 5;
+	float *r = fvec(cnt), *x = rvec16(cnt, 1.0f), *rc = fvec(cnt), *rg = fvec(cnt);
+	float *resc, *resg;
+	void *xc, *xg;
+
+	for (size_t i = 0; i < cnt; i++)
+		r[i] = rnd(4.0f);
+	resc = up_bytes(cpu, r, cnt * 4);
+	resg = up_bytes(gpu, r, cnt * 4);
+	xc = up_act(cpu, x, cnt);
+	xg = up_act(gpu, x, cnt);
+	cpu->ops->add(cpu, resc, xc, cnt);
+	gpu->ops->add(gpu, resg, xg, cnt);
+	get_f32(cpu, rc, resc, cnt);
+	get_f32(gpu, rg, resg, cnt);
+	compare("add count=12293", rg, rc, cnt, TOL_EXACT);
+	bfree(cpu, resc), bfree(gpu, resg), bfree(cpu, xc), bfree(gpu, xg);
+	free(r), free(x), free(rc), free(rg);
+}
+
+/* One matmul shape on cpu, gpu and gpu_ref; both y dtypes. */
+static void matmul_case(int rows, int cols, int n)
+{
+	size_t nx = (size_t)n * cols, ny = (size_t)n * rows;
+	float *wv = rvec16((size_t)rows * cols, 1.0f / sqrtf((float)cols) * 1.7f);
+	float *x = rvec16(nx, 1.0f);
+	float *yc = fvec(ny), *yg = fvec(ny), *yr = fvec(ny);
+	struct sm70_weight wc = mk_weight(cpu, wv, rows, cols);
+	struct sm70_weight wg = mk_weight(gpu, wv, rows, cols);
+	struct sm70_weight wr = mk_weight(gpu_ref, wv, rows, cols);
+	void *xc = up_act(cpu, x, nx), *xg = up_act(gpu, x, nx), *xr = up_act(gpu_ref, x, nx);
+	void *oc = balloc(cpu, ny * 4), *og = balloc(gpu, ny * 4), *orf = balloc(gpu_ref, ny * 4);
+	char what[96];
+
+	cpu->ops->matmul(cpu, oc, 1, xc, &wc, n);
+	get_f32(cpu, yc, oc, ny);
+	for (int f32 = 0; f32 < 2; f32++) {
+		const char *path = n <= 16 ? "gemv" : "cublas";
+
+		gpu->ops->matmul(gpu, og, f32, xg, &wg, n);
+		gpu_ref->ops->matmul(gpu_ref, orf, f32, xr, &wr, n);
+		if (f32) {
+			get_f32(gpu, yg, og, ny);
+			get_f32(gpu_ref, yr, orf, ny);
+		} else {
+			get_act(gpu, yg, og, ny);
+			get_act(gpu_ref, yr, orf, ny);
+		}
+		snprintf(what, sizeof(what), "matmul %s %dx%d n=%d y=%s vs cpu", path, rows, cols,
+			 n, f32 ? "f32" : "f16");
+		compare(what, yg, yc, ny, f32 ? TOL_F32_DOT : TOL_F16_OUT);
+		snprintf(what, sizeof(what), "matmul reference %dx%d n=%d y=%s vs cpu", rows, cols,
+			 n, f32 ? "f32" : "f16");
+		compare(what, yr, yc, ny, f32 ? TOL_F32_DOT : TOL_F16_OUT);
+		snprintf(what, sizeof(what), "matmul %s vs reference %dx%d n=%d y=%s", path, rows,
+			 cols, n, f32 ? "f32" : "f16");
+		compare(what, yg, yr, ny, f32 ? TOL_F32_DOT : TOL_F16_OUT);
+	}
+	bfree(cpu, wc.data), bfree(gpu, wg.data), bfree(gpu_ref, wr.data);
+	bfree(cpu, xc), bfree(gpu, xg), bfree(gpu_ref, xr);
+	bfree(cpu, oc), bfree(gpu, og), bfree(gpu_ref, orf);
+	free(wv), free(x), free(yc), free(yg), free(yr);
+}
+
+static void test_matmul(void **state)
+{
+	const int shapes[][2] = { { 64, 64 }, { 130, 130 }, { 4096, 64 }, { 130, 4096 },
+				  { 1000, 4096 }, { 77, 136 } };
+	const int ns[] = { 1, 3, 8, 16, 17, 33 };
+
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+		for (int ni = 0; ni < 6; ni++)
+			matmul_case(shapes[s][0], shapes[s][1], ns[ni]);
+}
+
+static void test_head_norm_rope(void **state)
+{
+	const int hds[] = { 64, 128, 256 }, ns[] = { 1, 3, 17 };
+
+	for (int hi = 0; hi < 3; hi++) {
+		for (int ni = 0; ni < 3; ni++) {
+			for (int variant = 0; variant < 3; variant++) {
+				/* 0: norm + full rope, 1: no norm, 2: norm + half rotary */
+				const int D = hds[hi], n = ns[ni], hq = 6, hkv = 2;
+				const int ld = (hq + 2 * hkv) * D, rot = variant == 2 ? D / 2 : D;
+				size_t cnt = (size_t)n * ld;
+				float *v = rvec16(cnt, 2.0f), *w = fvec(D);
+				float *oc = fvec(cnt), *og = fvec(cnt);
+				int32_t *pos = malloc(n * sizeof(*pos));
+				void *qc, *qg, *pc, *pg;
+				float *wc = NULL, *wg = NULL;
+				char what[96];
+
+				for (int k = 0; k < D; k++)
+					w[k] = 1.0f + rnd(0.3f);
+				for (int i = 0; i < n; i++)
+					pos[i] = i == 0 ? 4000 : rnd_int(4096);
+				qc = up_act(cpu, v, cnt);
+				qg = up_act(gpu, v, cnt);
+				pc = up_bytes(cpu, pos, n * 4);
+				pg = up_bytes(gpu, pos, n * 4);
+				if (variant != 1) {
+					wc = up_bytes(cpu, w, D * 4);
+					wg = up_bytes(gpu, w, D * 4);
+				}
+				/* q heads, then the k heads that follow them in the qkv row */
+				cpu->ops->head_norm_rope(cpu, qc, ld, n, hq, D, wc, 1e-6f, pc, rot,
+							 1e6);
+				gpu->ops->head_norm_rope(gpu, qg, ld, n, hq, D, wg, 1e-6f, pg, rot,
+							 1e6);
+				cpu->ops->head_norm_rope(cpu, (float *)qc + hq * D, ld, n, hkv,
+							 D, wc, 1e-6f, pc, rot, 1e6);
+				gpu->ops->head_norm_rope(gpu, (uint16_t *)qg + hq * D, ld, n,
+							 hkv, D, wg, 1e-6f, pg, rot, 1e6);
+				get_act(cpu, oc, qc, cnt);
+				get_act(gpu, og, qg, cnt);
+				snprintf(what, sizeof(what), "head_norm_rope D=%d n=%d %s", D, n,
+					 variant == 0 ? "norm+rope" :
+					 variant == 1 ? "rope only" : "norm+half rot");
+				/* the whole row: the V part must come back untouched */
+				compare(what, og, oc, cnt, TOL_ROPE);
+				if (wc) {
+					bfree(cpu, wc);
+					bfree(gpu, wg);
+				}
+				bfree(cpu, qc), bfree(gpu, qg), bfree(cpu, pc), bfree(gpu, pg);
+				free(v), free(w), free(oc), free(og), free(pos);
+			}
+		}
+	}
+}
+
+static void test_kv_write(void **state)
+{
+	for (int fp8 = 0; fp8 < 2; fp8++) {
+		const int D = 128, hkv = 2, hq = 4, n = 17, ld = (hq + 2 * hkv) * D;
+		struct sm70_kv_layout lay = { fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, 8, 16,
+					      hkv, D };
+		size_t esz = fp8 ? 1 : 2, row = (size_t)hkv * D;
+		size_t cache = (size_t)lay.n_blocks * lay.block_size * row * esz;
+		size_t cnt = (size_t)n * ld;
+		float *v = rvec16(cnt, 3.0f);
+		int32_t slots[17];
+		struct sm70_kv_layer kc = { NULL, NULL, 0.02f, 0.015f }, kg = kc;
+		uint8_t *bc = malloc(cache), *bg = malloc(cache);
+		void *xc, *xg, *sc, *sg;
+		size_t diff = 0;
+
+		/* big values saturate at 448 * scale; a few exact ties too */
+		v[5] = 1000.0f;
+		v[6] = -1000.0f;
+		v[ld + 3] = 0.0f;
+		for (int i = 0; i < n; i++)
+			slots[i] = (i * 37 + 5) % (lay.n_blocks * lay.block_size);
+		slots[3] = -1;                                 /* padding row: skipped */
+		slots[4] = lay.n_blocks * lay.block_size + 2; /* out of range: skipped */
+		kc.k = balloc(cpu, cache), kc.v = balloc(cpu, cache);
+		kg.k = balloc(gpu, cache), kg.v = balloc(gpu, cache);
+		xc = up_act(cpu, v, cnt);
+		xg = up_act(gpu, v, cnt);
+		sc = up_bytes(cpu, slots, sizeof(slots));
+		sg = up_bytes(gpu, slots, sizeof(slots));
+		cpu->ops->kv_write(cpu, &kc, &lay, (float *)xc + hq * D,
+				   (float *)xc + (hq + hkv) * D, ld, sc, n);
+		gpu->ops->kv_write(gpu, &kg, &lay, (uint16_t *)xg + hq * D,
+				   (uint16_t *)xg + (hq + hkv) * D, ld, sg, n);
+		for (int kv = 0; kv < 2; kv++) {
+			assert_int_equal(cpu->ops->download(cpu, bc, kv ? kc.v : kc.k, cache), 0);
+			assert_int_equal(gpu->ops->download(gpu, bg, kv ? kg.v : kg.k, cache), 0);
+			for (size_t i = 0; i < cache; i++)
+				diff += bc[i] != bg[i];
+		}
+		/* the same encoding on both sides: the caches must be byte-identical */
+		printf("  kv_write %-4s n=17 (2 skipped rows): %zu of %zu cache bytes differ "
+		       "(tol 0)\n", fp8 ? "fp8" : "f16", diff, 2 * cache);
+		assert_int_equal(diff, 0);
+		bfree(cpu, kc.k), bfree(cpu, kc.v), bfree(gpu, kg.k), bfree(gpu, kg.v);
+		bfree(cpu, xc), bfree(gpu, xg), bfree(cpu, sc), bfree(gpu, sg);
+		free(v), free(bc), free(bg);
+	}
+	{
+		/* every f32 bit pattern class through the FP8 encoder: a row of specials */
+		const int D = 64, n = 1;
+		struct sm70_kv_layout lay = { SM70_DTYPE_F8E4M3, 1, 16, 1, D };
+		struct sm70_kv_layer kg = { NULL, NULL, 1.0f, 1.0f };
+		float v[64];
+		uint16_t h[64];
+		uint8_t got[64], want[64];
+		int32_t slot = 0;
+		void *xg, *sg;
+
+		for (int i = 0; i < D; i++) {
+			/* spans subnormals, ties, the top of the range and beyond */
+			float x = ldexpf(1.0f + (float)(i % 8) / 16.0f, i / 3 - 12);
+
+			v[i] = (i & 1) ? -x : x;
+			h[i] = sm70_f32_to_f16(v[i]);
+			want[i] = sm70_f32_to_e4m3(sm70_f16_to_f32(h[i]));
+		}
+		kg.k = balloc(gpu, 16 * D), kg.v = balloc(gpu, 16 * D);
+		xg = up_bytes(gpu, h, sizeof(h));
+		sg = up_bytes(gpu, &slot, 4);
+		gpu->ops->kv_write(gpu, &kg, &lay, xg, xg, D, sg, n);
+		assert_int_equal(gpu->ops->download(gpu, got, kg.k, D), 0);
+		printf("  kv_write fp8 encoder over 64 magnitudes 2^-12..2^9.5: %s\n",
+		       memcmp(got, want, D) ? "MISMATCH" : "bitwise equal to common/dtype.c");
+		assert_memory_equal(got, want, D);
+		bfree(gpu, kg.k), bfree(gpu, kg.v), bfree(gpu, xg), bfree(gpu, sg);
+	}
+}
+
+/*
+ * One attention batch: 4 sequences of lengths {1, 37, 300, ctx} in a shuffled block
+ * table, all positions' K/V already in the cache (the same bytes on both backends).
+ * Tokens: the last position of every sequence (decodes), plus when `chunk` > 0 a prefill
+ * chunk of that many tokens ending at seq 2's last position.
+ */
+static void attention_case(int D, int group, int fp8, int ctx, int chunk)
+{
+	const int n_kv = 2, n_heads = n_kv * group, bs = 16, n_seqs = 4;
+	const int lens[4] = { 1, 37, 300, ctx };
+	int max_blocks = ((ctx > 300 ? ctx : 300) + bs - 1) / bs;
+	int total_blocks = 0, n_tok = 0, max_pos = 0;
+	const int q_ld = (n_heads + 2 * n_kv) * D;
+	struct sm70_kv_layout lay = { fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, 0, bs, n_kv, D };
+	struct sm70_kv_layer kl[3] = { { NULL, NULL, 0.011f, 0.009f } };
+	struct sm70_backend *bes[3] = { cpu, gpu, gpu_ref };
+	int32_t *bt, *perm, tok_pos[512], tok_seq[512], tok_slot[512];
+	uint8_t *kbytes, *vbytes;
+	float *q, *out[3];
+	size_t cache_bytes, esz = fp8 ? 1 : 2, row = (size_t)n_kv * D, nq, nout;
+	void *dq[3], *dout[3], *dpos[3], *dseq[3], *dslot[3], *dbt[3];
+	struct sm70_batch b[3];
+	char what[128];
+
+	for (int s = 0; s < n_seqs; s++)
+		total_blocks += (lens[s] + bs - 1) / bs;
+	lay.n_blocks = total_blocks;
+	/* A shuffled pool: sequence blocks land anywhere in the cache. */
+	perm = malloc(total_blocks * sizeof(*perm));
+	bt = calloc((size_t)n_seqs * max_blocks, sizeof(*bt));
+	for (int i = 0; i < total_blocks; i++)
+		perm[i] = i;
+	for (int i = total_blocks - 1; i > 0; i--) {
+		int j = rnd_int(i + 1), t = perm[i];
+
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+	for (int s = 0, k = 0; s < n_seqs; s++)
+		for (int j = 0; j < (lens[s] + bs - 1) / bs; j++)
+			bt[s * max_blocks + j] = perm[k++];
+	for (int s = 0; s < n_seqs; s++) {
+		if (s == 2 && chunk > 0) {
+			for (int p = lens[s] - chunk; p < lens[s] - 1; p++) {
+				tok_seq[n_tok] = s;
+				tok_pos[n_tok++] = p;
+			}
+		}
+		tok_seq[n_tok] = s;
+		tok_pos[n_tok++] = lens[s] - 1;
+	}
+	for (int t = 0; t < n_tok; t++) {
+		int s = tok_seq[t], p = tok_pos[t];
+
+		tok_slot[t] = bt[s * max_blocks + p / bs] * bs + p % bs;
+		if (p + 1 > max_pos)
+			max_pos = p + 1;
+	}
+
+	/* Random cache bytes in the cache dtype (FP8 as x / scale). */
+	cache_bytes = (size_t)total_blocks * bs * row * esz;
+	kbytes = malloc(cache_bytes);
+	vbytes = malloc(cache_bytes);
+	for (size_t i = 0; i < cache_bytes / esz; i++) {
+		float kx = rnd(1.0f), vx = rnd(1.0f);
+
+		if (fp8) {
+			kbytes[i] = sm70_f32_to_e4m3(kx / kl[0].k_scale);
+			vbytes[i] = sm70_f32_to_e4m3(vx / kl[0].v_scale);
+		} else {
+			uint16_t hk = sm70_f32_to_f16(kx), hv = sm70_f32_to_f16(vx);
+
+			memcpy(kbytes + 2 * i, &hk, 2);
+			memcpy(vbytes + 2 * i, &hv, 2);
+		}
+	}
+	nq = (size_t)n_tok * q_ld;
+	nout = (size_t)n_tok * n_heads * D;
+	/* q a little larger than unit so that the softmax is not flat */
+	q = rvec16(nq, 2.5f);
+
+	for (int i = 0; i < 3; i++) {
+		struct sm70_backend *be = bes[i];
+
+		kl[i] = kl[0];
+		kl[i].k = up_bytes(be, kbytes, cache_bytes);
+		kl[i].v = up_bytes(be, vbytes, cache_bytes);
+		dq[i] = up_act(be, q, nq);
+		dout[i] = balloc(be, nout * 4);
+		dpos[i] = up_bytes(be, tok_pos, n_tok * 4);
+		dseq[i] = up_bytes(be, tok_seq, n_tok * 4);
+		dslot[i] = up_bytes(be, tok_slot, n_tok * 4);
+		dbt[i] = up_bytes(be, bt, (size_t)n_seqs * max_blocks * 4);
+		b[i] = (struct sm70_batch){ .n_tokens = n_tok, .n_seqs = n_seqs,
+					    .max_blocks = max_blocks, .max_pos = max_pos,
+					    .tok_ids = NULL, .tok_pos = dpos[i], .tok_seq = dseq[i],
+					    .tok_slot = dslot[i], .block_tables = dbt[i],
+					    .n_out = 0, .out_rows = NULL };
+		be->ops->attention(be, dout[i], dq[i], q_ld, &kl[i], &lay, &b[i], n_heads,
+				   1.0f / sqrtf((float)D));
+		out[i] = fvec(nout);
+		get_act(be, out[i], dout[i], nout);
+	}
+	snprintf(what, sizeof(what), "attention D=%d G=%d %s tokens=%d max_pos=%d vs cpu", D,
+		 group, fp8 ? "fp8" : "f16", n_tok, max_pos);
+	compare(what, out[1], out[0], nout, TOL_ATTN);
+	snprintf(what, sizeof(what), "attention reference D=%d G=%d %s vs cpu", D, group,
+		 fp8 ? "fp8" : "f16");
+	compare(what, out[2], out[0], nout, TOL_ATTN);
+	snprintf(what, sizeof(what), "attention fast vs reference D=%d G=%d %s", D, group,
+		 fp8 ? "fp8" : "f16");
+	compare(what, out[1], out[2], nout, TOL_ATTN);
+
+	for (int i = 0; i < 3; i++) {
+		struct sm70_backend *be = bes[i];
+
+		bfree(be, kl[i].k), bfree(be, kl[i].v), bfree(be, dq[i]), bfree(be, dout[i]);
+		bfree(be, dpos[i]), bfree(be, dseq[i]), bfree(be, dslot[i]), bfree(be, dbt[i]);
+		free(out[i]);
+	}
+	free(perm), free(bt), free(kbytes), free(vbytes), free(q);
+}
+
+static void test_attention(void **state)
+{
+	const int hds[] = { 32, 64, 128, 256 }, groups[] = { 1, 2, 6 };
+
+	for (int hi = 0; hi < 4; hi++)
+		for (int gi = 0; gi < 3; gi++)
+			for (int fp8 = 0; fp8 < 2; fp8++) {
+				/* decodes only: few blocks, long context -> split-KV */
+				attention_case(hds[hi], groups[gi], fp8, 2048, 0);
+				/* a 150-token prefill chunk beside the decodes: no split */
+				attention_case(hds[hi], groups[gi], fp8, 1000, 150);
+			}
+	/* a context that is not a multiple of anything */
+	attention_case(128, 6, 0, 1237, 33);
+	attention_case(64, 2, 1, 17, 3);
+}
+
+static void test_silu_mul(void **state)
+{
+	const int inters[] = { 64, 130, 4096 }, ns[] = { 1, 17 };
+
+	for (int ii = 0; ii < 3; ii++) {
+		for (int ni = 0; ni < 2; ni++) {
+			int inter = inters[ii], n = ns[ni];
+			size_t cin = (size_t)n * 2 * inter, cout = (size_t)n * inter;
+			float *gu = rvec16(cin, 6.0f), *oc = fvec(cout), *og = fvec(cout);
+			void *ic = up_act(cpu, gu, cin), *ig = up_act(gpu, gu, cin);
+			void *bc = balloc(cpu, cout * 4), *bg = balloc(gpu, cout * 2);
+			char what[64];
+
+			cpu->ops->silu_mul(cpu, bc, ic, n, inter);
+			gpu->ops->silu_mul(gpu, bg, ig, n, inter);
+			get_act(cpu, oc, bc, cout);
+			get_act(gpu, og, bg, cout);
+			snprintf(what, sizeof(what), "silu_mul n=%d inter=%d", n, inter);
+			compare(what, og, oc, cout, TOL_F16_OUT);
+			bfree(cpu, ic), bfree(gpu, ig), bfree(cpu, bc), bfree(gpu, bg);
+			free(gu), free(oc), free(og);
+		}
+	}
+}
+
+static void test_gather_rows(void **state)
+{
+	const int dim = 130, n_src = 33, n = 5;
+	int32_t rows[5] = { 32, 0, 17, 17, 5 };
+	float *src = rvec16((size_t)n_src * dim, 1.0f);
+	float *oc = fvec((size_t)n * dim), *og = fvec((size_t)n * dim);
+
+	for (int is_f32 = 0; is_f32 < 2; is_f32++) {
+		void *sc = is_f32 ? up_bytes(cpu, src, (size_t)n_src * dim * 4) :
+				    up_act(cpu, src, (size_t)n_src * dim);
+		void *sg = is_f32 ? up_bytes(gpu, src, (size_t)n_src * dim * 4) :
+				    up_act(gpu, src, (size_t)n_src * dim);
+		void *rc = up_bytes(cpu, rows, sizeof(rows));
+		void *rg = up_bytes(gpu, rows, sizeof(rows));
+		void *dc = balloc(cpu, (size_t)n * dim * 4), *dg = balloc(gpu, (size_t)n * dim * 4);
+
+		cpu->ops->gather_rows(cpu, dc, sc, rc, n, dim, is_f32);
+		gpu->ops->gather_rows(gpu, dg, sg, rg, n, dim, is_f32);
+		if (is_f32) {
+			get_f32(cpu, oc, dc, (size_t)n * dim);
+			get_f32(gpu, og, dg, (size_t)n * dim);
+		} else {
+			get_act(cpu, oc, dc, (size_t)n * dim);
+			get_act(gpu, og, dg, (size_t)n * dim);
+		}
+		compare(is_f32 ? "gather_rows f32 n=5 dim=130" : "gather_rows f16 n=5 dim=130", og,
+			oc, (size_t)n * dim, TOL_EXACT);
+		bfree(cpu, sc), bfree(gpu, sg), bfree(cpu, rc), bfree(gpu, rg);
+		bfree(cpu, dc), bfree(gpu, dg);
+	}
+	assert_int_equal(gpu->ops->sync(gpu), 0);
+	free(src), free(oc), free(og);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_basics),
+		cmocka_unit_test(test_embed),
+		cmocka_unit_test(test_add_rmsnorm),
+		cmocka_unit_test(test_add),
+		cmocka_unit_test(test_matmul),
+		cmocka_unit_test(test_head_norm_rope),
+		cmocka_unit_test(test_kv_write),
+		cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_silu_mul),
+		cmocka_unit_test(test_gather_rows),
+	};
+	struct sm70_err err = { { 0 } };
+	int ret;
+
+	ret = sm70_backend_cuda_create(&gpu, 0, &err);
+	if (ret == -ENODEV) {
+		printf("SKIP: no CUDA device (%s)\n", err.msg);
+		return 0;
+	}
+	if (ret) {
+		fprintf(stderr, "cuda backend: %s\n", err.msg);
+		return 1;
+	}
+	/* A second CUDA backend made with the reference switches set. */
+	setenv("SM70_MATMUL", "reference", 1);
+	setenv("SM70_ATTENTION", "reference", 1);
+	ret = sm70_backend_cuda_create(&gpu_ref, 0, &err);
+	unsetenv("SM70_MATMUL");
+	unsetenv("SM70_ATTENTION");
+	if (ret) {
+		fprintf(stderr, "cuda reference backend: %s\n", err.msg);
+		sm70_backend_destroy(gpu);
+		return 1;
+	}
+	if (sm70_backend_cpu_create(&cpu, 0, &err)) {
+		fprintf(stderr, "cpu backend: %s\n", err.msg);
+		sm70_backend_destroy(gpu_ref);
+		sm70_backend_destroy(gpu);
+		return 1;
+	}
+	ret = cmocka_run_group_tests(tests, NULL, NULL);
+	/* A sticky error from any launch fails the run even if every compare passed. */
+	if (gpu->ops->sync(gpu) || gpu_ref->ops->sync(gpu_ref)) {
+		fprintf(stderr, "a CUDA error was recorded during the run\n");
+		ret = 1;
+	}
+	sm70_backend_destroy(cpu);
+	sm70_backend_destroy(gpu_ref);
+	sm70_backend_destroy(gpu);
+	return ret;
+}
