@@ -22,6 +22,7 @@
 
 #include "common/dtype.h"
 #include "common/err.h"
+#include "common/sampling.h"
 
 /* A 2-D weight matrix [rows, cols], row-major, in backend memory. y = x W^T multiplies
  * by it. dtype is f32, f16 or bf16 (the CPU reads all three; CUDA holds f16). */
@@ -69,6 +70,17 @@ struct sm70_batch {
 	const int32_t *block_tables;
 	int n_out;             /* rows whose logits are wanted */
 	const int32_t *out_rows; /* [n_out] token indices */
+};
+
+/* One row for the device sampler (backend memory). n counts the request's generated
+ * tokens so far: the draw is sm70_sample_uniform(seed, n). */
+struct sm70_sample_row {
+	float temperature;
+	int32_t top_k;
+	float top_p;
+	int32_t top_logprobs;
+	uint64_t seed;
+	uint64_t n;
 };
 
 struct sm70_backend;
@@ -128,6 +140,14 @@ struct sm70_backend_ops {
 	/* dst[i, :] = src[rows[i], :] for i < n; f32 when is_f32 else act. */
 	void (*gather_rows)(struct sm70_backend *be, void *dst, const void *src,
 			    const int32_t *rows, int n, int dim, int is_f32);
+
+	/* Optional (NULL: the engine downloads logits and samples on the host). For each
+	 * r < n: out[r] = what sm70_sample() (daemon/engine/sampler.h) returns for
+	 * logits[r, 0..vocab) and rows[r] (see common/sampling.h for the semantics). rows and
+	 * out are backend memory. A row with no finite distribution (NaN, +inf, all -inf)
+	 * gets token -1. */
+	void (*sample)(struct sm70_backend *be, struct sm70_sample_result *out,
+		       const float *logits, const struct sm70_sample_row *rows, int n, int vocab);
 };
 
 struct sm70_backend {

@@ -54,6 +54,8 @@ struct sm70_engine {
 	/* step scratch, sized at open */
 	int32_t *tok_ids, *tok_pos, *tok_seq, *tok_slot, *tables, *out_rows;
 	int32_t *hit_ids;
+	struct sm70_sample_row *rows;        /* device sampling: one per out row */
+	struct sm70_sample_result *results;
 	struct seq **step_seqs;
 	int *step_take;
 	float *logits;
@@ -183,11 +185,13 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 	e->tables = malloc(sizeof(int32_t) * (size_t)S * (size_t)e->max_blocks);
 	e->step_seqs = malloc(sizeof(*e->step_seqs) * (size_t)S);
 	e->hit_ids = malloc(sizeof(int32_t) * (size_t)e->max_blocks);
+	e->rows = malloc(sizeof(*e->rows) * (size_t)S);
+	e->results = malloc(sizeof(*e->results) * (size_t)S);
 	e->step_take = malloc(sizeof(int) * (size_t)S);
 	e->logits = malloc(sizeof(float) * (size_t)S * (size_t)V);
 	if (!e->running || !e->tok_ids || !e->tok_pos || !e->tok_seq || !e->tok_slot ||
 	    !e->out_rows || !e->tables || !e->step_seqs || !e->step_take || !e->logits ||
-	    !e->hit_ids) {
+	    !e->hit_ids || !e->rows || !e->results) {
 		ret = -ENOMEM;
 		goto fail;
 	}
@@ -226,6 +230,8 @@ void sm70_engine_close(struct sm70_engine *e)
 	free(e->tables);
 	free(e->step_seqs);
 	free(e->hit_ids);
+	free(e->rows);
+	free(e->results);
 	free(e->step_take);
 	free(e->logits);
 	free(e);
@@ -568,8 +574,17 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 			}
 			if (s->n_cached + take > max_pos)
 				max_pos = s->n_cached + take;
-			if (s->n_cached + take == s->n_toks)
+			if (s->n_cached + take == s->n_toks) {
+				e->rows[n_out] = (struct sm70_sample_row){
+					.temperature = s->req.sampling.temperature,
+					.top_k = s->req.sampling.top_k,
+					.top_p = s->req.sampling.top_p,
+					.top_logprobs = s->req.sampling.top_logprobs,
+					.seed = s->req.sampling.seed,
+					.n = (uint64_t)s->n_gen,
+				};
 				e->out_rows[n_out++] = T - 1;
+			}
 			if (s->n_blocks > max_blocks)
 				max_blocks = s->n_blocks;
 			e->step_seqs[S] = s;
@@ -592,7 +607,10 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		.tok_slot = e->tok_slot, .block_tables = e->tables,
 		.n_out = n_out, .out_rows = e->out_rows,
 	};
-	ret = sm70_model_forward(e->model, &st, e->logits);
+	if (e->be->ops->sample)
+		ret = sm70_model_forward_sample(e->model, &st, e->rows, e->results);
+	else
+		ret = sm70_model_forward(e->model, &st, e->logits);
 	if (ret)
 		return ret;
 	e->stats.steps++;
@@ -608,8 +626,14 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		publish_full_blocks(e, s);
 		if (s->n_cached < s->n_toks)
 			continue; /* mid-prefill: no token yet */
-		if (sm70_sample(e->sampler, e->logits + (size_t)o * c->vocab_size,
-				&s->req.sampling, (uint64_t)s->n_gen, &ev.sample)) {
+		if (e->be->ops->sample) {
+			ev.sample = e->results[o];
+			ret = ev.sample.token >= 0 && ev.sample.token < c->vocab_size ? 0 : -EINVAL;
+		} else {
+			ret = sm70_sample(e->sampler, e->logits + (size_t)o * c->vocab_size,
+					  &s->req.sampling, (uint64_t)s->n_gen, &ev.sample);
+		}
+		if (ret) {
 			/* NaN/inf logits: nothing to sample from; end this request, not others */
 			o++;
 			s->finished = 1;

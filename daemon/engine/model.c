@@ -137,6 +137,17 @@ int sm70_model_load(struct sm70_model **out, const struct sm70_ckpt *ck,
 	m->work = be->ops->buf_alloc(be, m->arch->workspace_bytes(m));
 	m->logits = be->ops->buf_alloc(be, (size_t)opts->max_seqs * m->cfg.vocab_size *
 					   sizeof(float));
+	if (be->ops->sample) {
+		m->sample_rows = be->ops->buf_alloc(be, sizeof(*m->sample_rows) *
+						    (size_t)opts->max_seqs);
+		m->sample_out = be->ops->buf_alloc(be, sizeof(*m->sample_out) *
+						   (size_t)opts->max_seqs);
+		if (!m->sample_rows || !m->sample_out) {
+			ret = sm70_errf(err, -ENOMEM, "cannot allocate sampler buffers on %s",
+					be->name);
+			goto fail;
+		}
+	}
 	if (!m->batch_buf || !m->work || !m->logits) {
 		ret = sm70_errf(err, -ENOMEM, "cannot allocate the step workspace on %s",
 				be->name);
@@ -168,6 +179,8 @@ void sm70_model_free(struct sm70_model *m)
 		}
 		free(m->kv);
 	}
+	be->ops->buf_free(be, m->sample_out);
+	be->ops->buf_free(be, m->sample_rows);
 	be->ops->buf_free(be, m->logits);
 	be->ops->buf_free(be, m->work);
 	be->ops->buf_free(be, m->batch_buf);
@@ -189,7 +202,8 @@ static int check_step(const struct sm70_model *m, const struct sm70_step *st)
 	return 0;
 }
 
-int sm70_model_forward(struct sm70_model *m, const struct sm70_step *st, float *host_logits)
+/* Uploads the step and runs the architecture's forward; logits stay on the backend. */
+static int run_step(struct sm70_model *m, const struct sm70_step *st)
 {
 	struct sm70_backend *be = m->be;
 	struct batch_offsets bo = batch_layout(m);
@@ -200,7 +214,7 @@ int sm70_model_forward(struct sm70_model *m, const struct sm70_step *st, float *
 	ret = check_step(m, st);
 	if (ret)
 		return ret;
-	/* Several small uploads; the CUDA backend batches them on one stream. */
+	/* Several small uploads; the CUDA backend stages them on one stream. */
 	be->ops->upload(be, base + bo.ids, st->tok_ids, tok_bytes);
 	be->ops->upload(be, base + bo.pos, st->tok_pos, tok_bytes);
 	be->ops->upload(be, base + bo.seq, st->tok_seq, tok_bytes);
@@ -224,9 +238,42 @@ int sm70_model_forward(struct sm70_model *m, const struct sm70_step *st, float *
 		.out_rows = base + bo.out,
 	};
 	m->arch->forward(m, m->arch_state);
+	return 0;
+}
+
+int sm70_model_forward(struct sm70_model *m, const struct sm70_step *st, float *host_logits)
+{
+	struct sm70_backend *be = m->be;
+	int ret = run_step(m, st);
+
+	if (ret)
+		return ret;
 	if (st->n_out) {
 		ret = be->ops->download(be, host_logits, m->logits,
 					(size_t)st->n_out * m->cfg.vocab_size * sizeof(float));
+		if (ret)
+			return ret;
+	}
+	return be->ops->sync(be);
+}
+
+int sm70_model_forward_sample(struct sm70_model *m, const struct sm70_step *st,
+			      const struct sm70_sample_row *rows, struct sm70_sample_result *out)
+{
+	struct sm70_backend *be = m->be;
+	int ret;
+
+	if (!be->ops->sample)
+		return -EOPNOTSUPP;
+	ret = run_step(m, st);
+	if (ret)
+		return ret;
+	if (st->n_out) {
+		size_t rb = sizeof(*rows) * (size_t)st->n_out;
+		be->ops->upload(be, m->sample_rows, rows, rb);
+		be->ops->sample(be, m->sample_out, m->logits, m->sample_rows, st->n_out,
+				m->cfg.vocab_size);
+		ret = be->ops->download(be, out, m->sample_out, sizeof(*out) * (size_t)st->n_out);
 		if (ret)
 			return ret;
 	}

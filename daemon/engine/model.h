@@ -80,6 +80,8 @@ struct sm70_model {
 	void *batch_buf;          /* backend memory holding the batch arrays */
 	void *work;               /* forward workspace */
 	float *logits;            /* backend memory [max_seqs, vocab] */
+	struct sm70_sample_row *sample_rows;     /* backend memory [max_seqs], when the */
+	struct sm70_sample_result *sample_out;   /* backend samples on the device */
 	uint64_t clamped_values;  /* weights clamped to the f16 range while loading */
 };
 
@@ -92,6 +94,12 @@ void sm70_model_free(struct sm70_model *m);
 /* Runs one step and copies the logits of st->out_rows to host_logits [n_out, vocab].
  * Returns 0 or -errno (-EINVAL when the step exceeds the sizes given at load). */
 int sm70_model_forward(struct sm70_model *m, const struct sm70_step *st, float *host_logits);
+
+/* Runs one step and samples on the device (only when m->be->ops->sample exists): row i
+ * of rows (host) goes with out_rows[i]; out (host) receives n_out results. Returns 0 or
+ * -errno. */
+int sm70_model_forward_sample(struct sm70_model *m, const struct sm70_step *st,
+			      const struct sm70_sample_row *rows, struct sm70_sample_result *out);
 
 /* Bytes of one KV block across all layers (K and V). */
 size_t sm70_model_kv_block_bytes(const struct sm70_model *m);

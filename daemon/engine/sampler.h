@@ -18,23 +18,7 @@
 
 #include <stdint.h>
 
-#define SM70_MAX_TOP_LOGPROBS 20
-
-struct sm70_sampling {
-	float temperature; /* 0: greedy */
-	int top_k;         /* 0 or >= vocab: off */
-	float top_p;       /* 1.0 (or >= 1): off; must be in (0, 1] */
-	uint64_t seed;
-	int top_logprobs;  /* 0..SM70_MAX_TOP_LOGPROBS alternatives to report */
-};
-
-struct sm70_sample_result {
-	int32_t token;
-	float logprob;     /* raw-distribution logprob of token */
-	int n_top;
-	int32_t top_ids[SM70_MAX_TOP_LOGPROBS];   /* descending logprob, ties lowest id first */
-	float top_logprobs[SM70_MAX_TOP_LOGPROBS];
-};
+#include "common/sampling.h"
 
 struct sm70_sampler;
 
@@ -51,8 +35,5 @@ int sm70_sampling_check(const struct sm70_sampling *p);
 int sm70_sample(struct sm70_sampler *s, const float *logits, const struct sm70_sampling *p,
 		uint64_t n, struct sm70_sample_result *r);
 
-/* The uniform draw in [0, 1) that sm70_sample uses for (seed, n); exposed for tests and
- * for GPU samplers that must agree with the host. */
-double sm70_sample_uniform(uint64_t seed, uint64_t n);
 
 #endif

@@ -1,0 +1,40 @@
+/*
+ * sampling.h - sampling parameters and results, shared by the host sampler
+ * (daemon/engine/sampler.c) and backends that sample on the device.
+ *
+ * Semantics (both implementations): temperature, then top-k, then top-p over what top-k
+ * kept, then an inverse-CDF draw over the renormalised remainder in the order "logit
+ * descending, equal logits lowest id first", with u = sm70_sample_uniform(seed, n) for
+ * the n-th generated token of a request. Temperature 0 is greedy (argmax, lowest id on
+ * ties). Logprobs are those of the raw distribution (log_softmax of unscaled logits).
+ */
+#ifndef SM70_COMMON_SAMPLING_H
+#define SM70_COMMON_SAMPLING_H
+
+#include <stdint.h>
+
+#define SM70_MAX_TOP_LOGPROBS 20
+
+struct sm70_sampling {
+	float temperature; /* 0: greedy */
+	int top_k;         /* 0 or >= vocab: off */
+	float top_p;       /* in (0, 1]; 1.0 is off */
+	uint64_t seed;
+	int top_logprobs;  /* 0..SM70_MAX_TOP_LOGPROBS alternatives to report */
+};
+
+struct sm70_sample_result {
+	int32_t token;
+	float logprob;     /* raw-distribution logprob of token */
+	int n_top;
+	int32_t top_ids[SM70_MAX_TOP_LOGPROBS];   /* descending logprob, ties lowest id first */
+	float top_logprobs[SM70_MAX_TOP_LOGPROBS];
+};
+
+/* The uniform draw in [0, 1) for the n-th token of a request seeded with seed:
+ * u = top 53 bits of mix64(mix64(seed + G) + (n + 1) * G) / 2^53, G = 0x9e3779b97f4a7c15,
+ * mix64 the splitmix64 finaliser, arithmetic mod 2^64. Device samplers compute exactly
+ * this. Defined in daemon/engine/sampler.c. */
+double sm70_sample_uniform(uint64_t seed, uint64_t n);
+
+#endif
