@@ -6,6 +6,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -306,37 +308,83 @@ static float uniform_pm1(uint64_t *s)
 	return (float)((double)(splitmix64(s) >> 40) * 0x1p-23 - 1.0);
 }
 
-static void dummy_fill_bf16(uint16_t *dst, size_t n, const char *name, uint64_t seed,
-			    float scale)
-{
-	uint64_t s = name_seed(name, seed);
+/*
+ * Dummy weights: uniform in +-scale, rounded to bf16 (as a real checkpoint would hold),
+ * stored as dt. Generated in chunks of DUMMY_CHUNK elements, each seeded by (tensor name,
+ * seed, chunk index), so the values do not depend on how many threads made them; the
+ * chunks are spread over threads because an 8B-parameter model has 8e9 of them.
+ */
+#define DUMMY_CHUNK ((size_t)1 << 20)
 
-	for (size_t i = 0; i < n; i++)
-		dst[i] = sm70_f32_to_bf16(scale * uniform_pm1(&s));
+struct dummy_job {
+	void *dst;
+	enum sm70_dtype dt;
+	size_t count;
+	uint64_t seed;
+	float scale;
+	size_t next_chunk; /* claimed with __atomic_fetch_add */
+};
+
+static void dummy_chunk(const struct dummy_job *j, size_t c)
+{
+	uint64_t s = j->seed ^ (c * 0xd1b54a32d192ed03ull);
+	size_t begin = c * DUMMY_CHUNK;
+	size_t end = begin + DUMMY_CHUNK < j->count ? begin + DUMMY_CHUNK : j->count;
+
+	for (size_t i = begin; i < end; i++) {
+		uint16_t b = sm70_f32_to_bf16(j->scale * uniform_pm1(&s));
+		float v = sm70_bf16_to_f32(b);
+		if (j->dt == SM70_DTYPE_BF16)
+			((uint16_t *)j->dst)[i] = b;
+		else if (j->dt == SM70_DTYPE_F16)
+			((uint16_t *)j->dst)[i] = sm70_f32_to_f16(v);
+		else
+			((float *)j->dst)[i] = v;
+	}
+}
+
+static void *dummy_worker(void *arg)
+{
+	struct dummy_job *j = arg;
+	size_t n_chunks = (j->count + DUMMY_CHUNK - 1) / DUMMY_CHUNK, c;
+
+	while ((c = __atomic_fetch_add(&j->next_chunk, 1, __ATOMIC_RELAXED)) < n_chunks)
+		dummy_chunk(j, c);
+	return NULL;
+}
+
+static void dummy_fill(void *dst, enum sm70_dtype dt, size_t count, const char *name,
+		       uint64_t seed, float scale)
+{
+	struct dummy_job j = { dst, dt, count, name_seed(name, seed), scale, 0 };
+	pthread_t th[32];
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	int started = 0;
+
+	if (n > 32)
+		n = 32;
+	if (count >= 4 * DUMMY_CHUNK)
+		for (; started < n - 1; started++)
+			if (pthread_create(&th[started], NULL, dummy_worker, &j))
+				break;
+	dummy_worker(&j); /* the caller works too; alone if threads could not start */
+	for (int i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
 }
 
 /*
- * Converts count elements (src of src_dt, or dummy values when src is NULL) into dst
- * of dt, in chunks through an f32 buffer. Values beyond the f16 range are clamped to
- * +-65504 and counted in m->clamped_values (bf16 checkpoints can hold them).
+ * Converts count elements of src (src_dt) into dst (dt), in chunks through an f32
+ * buffer. Values beyond the f16 range are clamped to +-65504 and counted in
+ * m->clamped_values (bf16 checkpoints can hold them).
  */
 static int convert_weight(struct sm70_model *m, void *dst, enum sm70_dtype dt, const void *src,
-			  enum sm70_dtype src_dt, size_t count, const char *name, int cols,
+			  enum sm70_dtype src_dt, size_t count, const char *name,
 			  struct sm70_err *err)
 {
 	enum { CHUNK = 4096 };
 	float buf[CHUNK];
 	size_t src_esz = sm70_dtype_size(src_dt), dst_esz = sm70_dtype_size(dt);
-	uint16_t *tmp = NULL;
 
-	if (!src) {
-		/* dummy: generate bf16 once, then convert like a checkpoint tensor */
-		tmp = malloc(count * sizeof(uint16_t));
-		if (!tmp)
-			return sm70_errf(err, -ENOMEM, "out of host memory for %s", name);
-		dummy_fill_bf16(tmp, count, name, m->opts.dummy_seed, 1.0f / sqrtf((float)cols));
-		src = tmp;
-	}
 	for (size_t i = 0; i < count; i += CHUNK) {
 		size_t n = count - i < CHUNK ? count - i : CHUNK;
 		char *d = (char *)dst + i * dst_esz;
@@ -362,13 +410,11 @@ static int convert_weight(struct sm70_model *m, void *dst, enum sm70_dtype dt, c
 				memcpy(d + 2 * k, &h, 2);
 				break;
 			default:
-				free(tmp);
 				return sm70_errf(err, -EINVAL, "cannot store %s as %s", name,
 						 sm70_dtype_name(dt));
 			}
 		}
 	}
-	free(tmp);
 	return 0;
 }
 
@@ -409,19 +455,16 @@ int sm70__weight_load(struct sm70_model *m, const struct sm70_ckpt *ck, struct s
 		return sm70_errf(err, -ENOMEM, "out of host memory loading %s", names[0]);
 	for (int i = 0; i < n; i++) {
 		size_t count = (size_t)rows[i] * (size_t)cols;
-		enum sm70_dtype src_dt = m->opts.dummy ? SM70_DTYPE_BF16 : t[i]->dtype;
-		const void *src = m->opts.dummy ? NULL : t[i]->data;
-
-		if (m->opts.dummy && dt == SM70_DTYPE_BF16) {
-			dummy_fill_bf16((uint16_t *)(host + off), count, names[i], m->opts.dummy_seed,
-					1.0f / sqrtf((float)cols));
-		} else if (m->opts.dummy || src_dt != dt) {
-			ret = convert_weight(m, host + off, dt, src, src_dt, count, names[i],
-					     cols, err);
+		if (m->opts.dummy) {
+			dummy_fill(host + off, dt, count, names[i], m->opts.dummy_seed,
+				   1.0f / sqrtf((float)cols));
+		} else if (t[i]->dtype != dt) {
+			ret = convert_weight(m, host + off, dt, t[i]->data, t[i]->dtype, count,
+					     names[i], err);
 			if (ret)
 				goto out;
 		} else {
-			memcpy(host + off, src, count * esz);
+			memcpy(host + off, t[i]->data, count * esz);
 		}
 		off += count * esz;
 	}

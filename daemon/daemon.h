@@ -1,0 +1,62 @@
+/*
+ * daemon.h - the state of one sm70d process, shared by main.c, session.c and scheduler.c.
+ *
+ * Everything runs on one thread (see docs/DAEMON.md), so this struct has no locks: the
+ * loop callbacks, the engine's event callback and the timers all run between engine steps
+ * on the thread that owns it. Non-goals: being a library; nothing here is exported.
+ */
+#ifndef SM70_DAEMON_DAEMON_H
+#define SM70_DAEMON_DAEMON_H
+
+#include <stdint.h>
+
+#include "daemon/config.h"
+#include "daemon/engine/engine.h"
+#include "daemon/loop.h"
+
+struct sm70__session;
+
+struct sm70__daemon {
+	struct sm70__config cfg;
+	struct sm70__loop *loop;
+	struct sm70_engine *engine;
+
+	/* the loaded model, for limits and finish reasons */
+	char model_name[64];
+	uint32_t vocab_size;
+	uint32_t max_position;
+	uint64_t kv_tokens; /* KV cache capacity in tokens */
+	int n_eos;
+	int32_t eos_ids[8];
+
+	/* the listening socket */
+	int listen_fd;
+	int listen_unlink; /* we bound it (not socket activation): unlink at exit */
+	struct sm70__watch *listen_watch;
+
+	/* sessions, newest first; owned by session.c */
+	struct sm70__session *sessions;
+	uint32_t n_sessions;
+	uint32_t next_session_id;
+
+	/* scheduler state; owned by scheduler.c */
+	uint32_t n_jobs;	  /* accepted, without a final event yet */
+	uint32_t n_engine_jobs; /* of which inside the engine */
+	uint32_t rr_last;	  /* session id fed last, for round robin */
+	uint64_t next_serial;
+	uint64_t seed_state;
+	int step_failures; /* consecutive failed engine steps */
+	uint64_t steps_ok;  /* completed steps, for the watchdog */
+
+	/* lifecycle; owned by main.c */
+	uint64_t now_us;	   /* CLOCK_MONOTONIC, refreshed once per loop iteration */
+	int draining;		   /* SIGTERM seen: no new jobs or sessions */
+	uint64_t drain_deadline_us; /* then cancel what still runs */
+	int drain_killed;
+	int fatal; /* an unrecoverable failure: exit non-zero */
+};
+
+/* CLOCK_MONOTONIC in microseconds. */
+uint64_t sm70__now_us(void);
+
+#endif

@@ -1,0 +1,405 @@
+/*
+ * main.c - sm70d: argument parsing, start-up, the main loop, drain and exit.
+ *
+ *   sm70d --model DIR [--backend cpu|cuda] [--load-format auto|dummy] [--socket PATH]
+ *         [--config FILE] [--verbose]
+ *
+ * Runs in the foreground and logs to stderr. Exit status: 0 after a drain (SIGTERM or
+ * SIGINT), 1 on a fatal failure while running, 2 on bad arguments, config or model.
+ *
+ * One thread does everything (docs/DAEMON.md says why): each iteration collects I/O from
+ * the io_uring loop (without waiting while the engine has work, else waiting until the
+ * nearest timer), copies new submissions out of every session, feeds the engine, runs one
+ * engine step, and publishes the events it produced. Non-goals: daemonizing (systemd does
+ * that), PID files, reloading the config.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <systemd/sd-daemon.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/config.h"
+#include "daemon/daemon.h"
+#include "daemon/log.h"
+#include "daemon/loop.h"
+#include "daemon/scheduler.h"
+#include "daemon/session.h"
+
+/* After the last job ended in a drain, how long held final events may wait for their
+ * clients to read before the daemon exits anyway. */
+#define DRAIN_FLUSH_US 2000000ull
+
+uint64_t sm70__now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: sm70d --model DIR [--backend cpu|cuda] [--load-format auto|dummy]\n"
+		"             [--socket PATH] [--config FILE] [--verbose]\n"
+		"Serves the model in DIR to local clients over the sm70 shared-memory protocol.\n"
+		"Runs in the foreground, logs to stderr; SIGTERM or SIGINT drains and exits.\n");
+}
+
+struct opts {
+	const char *model;
+	const char *backend;
+	int dummy;
+	const char *socket;
+	const char *config;
+	int verbose;
+};
+
+/* Returns 0, 1 (--help printed) or -1 (bad arguments, message printed). */
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+	enum { O_BACKEND = 256, O_LOAD_FORMAT, O_SOCKET, O_CONFIG };
+	static const struct option lopts[] = {
+		{ "model", required_argument, 0, 'm' },
+		{ "backend", required_argument, 0, O_BACKEND },
+		{ "load-format", required_argument, 0, O_LOAD_FORMAT },
+		{ "socket", required_argument, 0, O_SOCKET },
+		{ "config", required_argument, 0, O_CONFIG },
+		{ "verbose", no_argument, 0, 'v' },
+		{ "help", no_argument, 0, 'h' },
+		{ 0, 0, 0, 0 },
+	};
+	int c;
+
+	memset(o, 0, sizeof(*o));
+	o->backend = "cpu";
+	while ((c = getopt_long(argc, argv, "m:vh", lopts, NULL)) != -1) {
+		switch (c) {
+		case 'm':
+			o->model = optarg;
+			break;
+		case O_BACKEND:
+			if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+				fprintf(stderr, "sm70d: --backend must be cpu or cuda, not '%s'\n",
+					optarg);
+				return -1;
+			}
+			o->backend = optarg;
+			break;
+		case O_LOAD_FORMAT:
+			if (strcmp(optarg, "auto") && strcmp(optarg, "dummy")) {
+				fprintf(stderr, "sm70d: --load-format must be auto or dummy, not "
+					"'%s'\n", optarg);
+				return -1;
+			}
+			o->dummy = strcmp(optarg, "dummy") == 0;
+			break;
+		case O_SOCKET:
+			o->socket = optarg;
+			break;
+		case O_CONFIG:
+			o->config = optarg;
+			break;
+		case 'v':
+			o->verbose = 1;
+			break;
+		case 'h':
+			usage(stdout);
+			return 1;
+		default:
+			usage(stderr);
+			return -1;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "sm70d: unexpected argument '%s'\n", argv[optind]);
+		return -1;
+	}
+	if (!o->model) {
+		fprintf(stderr, "sm70d: --model DIR is required\n");
+		usage(stderr);
+		return -1;
+	}
+	return 0;
+}
+
+static void set_model_name(struct sm70__daemon *d, const char *dir)
+{
+	char tmp[256];
+	size_t n;
+	const char *base;
+
+	snprintf(tmp, sizeof(tmp), "%s", dir);
+	n = strlen(tmp);
+	while (n > 1 && tmp[n - 1] == '/')
+		tmp[--n] = '\0';
+	base = strrchr(tmp, '/');
+	snprintf(d->model_name, sizeof(d->model_name), "%s", base ? base + 1 : tmp);
+}
+
+/* ---- signals ------------------------------------------------------------------------- */
+
+struct sigctx {
+	struct sm70__daemon *d;
+	int fd;
+};
+
+static void begin_drain(struct sm70__daemon *d, const char *why)
+{
+	if (d->draining) {
+		/* A second signal: stop waiting for running jobs. */
+		sm70__notice("%s again: cancelling the remaining %u jobs now", why, d->n_jobs);
+		d->drain_deadline_us = d->now_us;
+		return;
+	}
+	d->draining = 1;
+	d->drain_deadline_us = d->now_us + (uint64_t)d->cfg.drain_grace_ms * 1000;
+	sm70__notice("%s: draining: no new jobs; %u running jobs get %u ms to finish", why,
+		     d->n_jobs, d->cfg.drain_grace_ms);
+	sd_notifyf(0, "STOPPING=1\nSTATUS=draining %u jobs", d->n_jobs);
+}
+
+static void on_signal(void *arg, int fd, uint32_t revents)
+{
+	struct sigctx *c = arg;
+	struct signalfd_siginfo si;
+
+	while (read(fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+		if (si.ssi_signo == SIGTERM)
+			begin_drain(c->d, "SIGTERM");
+		else if (si.ssi_signo == SIGINT)
+			begin_drain(c->d, "SIGINT");
+	}
+}
+
+/* ---- the main loop ------------------------------------------------------------------- */
+
+static int64_t min_timer(int64_t a, int64_t b)
+{
+	if (a < 0)
+		return b;
+	if (b < 0)
+		return a;
+	return a < b ? a : b;
+}
+
+struct watchdog {
+	uint64_t interval_us; /* 0: off */
+	uint64_t last_us;
+	uint64_t steps_at_last;
+};
+
+static void watchdog_tick(struct sm70__daemon *d, struct watchdog *w)
+{
+	if (!w->interval_us || d->now_us - w->last_us < w->interval_us)
+		return;
+	/* Alive means: the loop runs and, if the engine has work, its steps complete. */
+	if (d->step_failures ||
+	    (sm70_engine_busy(d->engine) && d->steps_ok == w->steps_at_last))
+		return;
+	sd_notify(0, "WATCHDOG=1");
+	w->last_us = d->now_us;
+	w->steps_at_last = d->steps_ok;
+}
+
+static void status_tick(struct sm70__daemon *d, uint64_t *last_us, uint64_t *last_key)
+{
+	uint64_t key = ((uint64_t)d->n_sessions << 32) | d->n_jobs;
+
+	if (d->now_us - *last_us < 1000000 || key == *last_key)
+		return;
+	*last_us = d->now_us;
+	*last_key = key;
+	sd_notifyf(0, "STATUS=%s%s: %u sessions, %u jobs", d->draining ? "draining " : "serving ",
+		   d->model_name, d->n_sessions, d->n_jobs);
+}
+
+static int run(struct sm70__daemon *d, struct watchdog *wd)
+{
+	uint64_t flush_deadline = 0, status_us = 0, status_key = ~0ull;
+	int ret;
+
+	for (;;) {
+		int64_t timeout = 0;
+
+		d->now_us = sm70__now_us();
+		if (!sm70__sched_busy(d)) {
+			timeout = min_timer(sm70__sessions_next_timer(d),
+					    sm70__sched_next_timer(d));
+			if (d->draining && !d->drain_killed)
+				timeout = min_timer(timeout, d->drain_deadline_us > d->now_us ?
+					(int64_t)(d->drain_deadline_us - d->now_us) : 0);
+			if (flush_deadline)
+				timeout = min_timer(timeout, 10000);
+			if (wd->interval_us)
+				timeout = min_timer(timeout, (int64_t)wd->interval_us);
+			if (sm70__sessions_sleep_begin(d))
+				timeout = 0;
+		}
+		ret = sm70__loop_run(d->loop, timeout);
+		sm70__sessions_sleep_end(d);
+		if (ret < 0) {
+			sm70__err("io_uring wait failed: %s", strerror(-ret));
+			return ret;
+		}
+		d->now_us = sm70__now_us();
+		sm70__sessions_poll(d);
+		sm70__sched_tick(d);
+		if (d->draining && !d->drain_killed && d->now_us >= d->drain_deadline_us &&
+		    d->n_jobs) {
+			sm70__notice("drain grace over: cancelling %u jobs", d->n_jobs);
+			sm70__sched_kill_all(d, SM70__KILL_SHUTDOWN);
+			d->drain_killed = 1;
+		}
+		sm70__sched_feed(d);
+		sm70__sched_step(d);
+		sm70__sessions_publish(d);
+		sm70__sessions_reap(d);
+		watchdog_tick(d, wd);
+		status_tick(d, &status_us, &status_key);
+		if (d->fatal) {
+			sm70__err("giving up after %d failed engine steps", d->step_failures);
+			return -EIO;
+		}
+		if (d->draining && !d->n_jobs) {
+			/* Give clients a moment to read final events the ring could not take. */
+			if (!flush_deadline)
+				flush_deadline = d->now_us + DRAIN_FLUSH_US;
+			if (!sm70__sessions_holding(d) || d->now_us >= flush_deadline)
+				return 0;
+		}
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct sm70__daemon d;
+	struct sm70_engine_opts eo;
+	struct sm70_engine_stats st;
+	struct sm70_err err;
+	struct opts o;
+	struct sigctx sc = { .d = &d, .fd = -1 };
+	struct watchdog wd = { 0 };
+	struct sm70__watch *sig_watch = NULL;
+	const struct sm70_model_config *mc;
+	sigset_t mask;
+	uint64_t usec = 0;
+	int ret, code = 2;
+
+	ret = parse_args(argc, argv, &o);
+	if (ret)
+		return ret > 0 ? 0 : 2;
+	if (o.verbose)
+		sm70__log_set_level(SM70__LOG_DEBUG);
+
+	memset(&d, 0, sizeof(d));
+	d.listen_fd = -1;
+	sm70_err_clear(&err);
+	sm70__config_default(&d.cfg);
+	if (o.config && sm70__config_load(&d.cfg, o.config, &err)) {
+		sm70__err("config: %s", err.msg);
+		return 2;
+	}
+	if (o.socket) {
+		if (strlen(o.socket) >= sizeof(d.cfg.socket_path)) {
+			sm70__err("--socket: the path is longer than %zu bytes",
+				  sizeof(d.cfg.socket_path) - 1);
+			return 2;
+		}
+		snprintf(d.cfg.socket_path, sizeof(d.cfg.socket_path), "%s", o.socket);
+	}
+
+	/* Signals arrive through a signalfd; block them before the engine starts its worker
+	 * threads, which inherit the mask. */
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigprocmask(SIG_BLOCK, &mask, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	sd_notify(0, "STATUS=loading the model");
+	sm70_engine_opts_default(&eo);
+	eo.backend = o.backend;
+	eo.dummy_weights = o.dummy;
+	eo.n_threads = (int)d.cfg.engine.n_threads;
+	eo.max_seqs = (int)d.cfg.engine.max_seqs;
+	eo.max_batch_tokens = (int)d.cfg.engine.max_batch_tokens;
+	eo.block_size = (int)d.cfg.engine.block_size;
+	eo.kv_bytes = (size_t)d.cfg.engine.kv_bytes;
+	ret = sm70_engine_open(&d.engine, o.model, &eo, &err);
+	if (ret) {
+		sm70__err("cannot load the model in %s: %s", o.model,
+			  err.msg[0] ? err.msg : strerror(-ret));
+		return 2;
+	}
+	mc = sm70_engine_model_config(d.engine);
+	sm70_engine_get_stats(d.engine, &st);
+	set_model_name(&d, o.model);
+	d.vocab_size = (uint32_t)mc->vocab_size;
+	d.max_position = (uint32_t)mc->max_position;
+	d.kv_tokens = (uint64_t)st.kv_blocks_total * d.cfg.engine.block_size;
+	d.n_eos = mc->n_eos < 8 ? mc->n_eos : 8;
+	for (int i = 0; i < d.n_eos; i++)
+		d.eos_ids[i] = mc->eos_ids[i];
+	d.seed_state = sm70__now_us() ^ ((uint64_t)getpid() << 32);
+	sm70__info("model %s loaded on %s: vocab %u, context %u, KV cache %llu tokens",
+		   d.model_name, o.backend, d.vocab_size, d.max_position,
+		   (unsigned long long)d.kv_tokens);
+
+	code = 1;
+	ret = sm70__loop_create(&d.loop, 256);
+	if (ret) {
+		sm70__err("io_uring setup failed: %s", strerror(-ret));
+		goto out_engine;
+	}
+	sc.fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (sc.fd < 0 || sm70__loop_watch(d.loop, sc.fd, POLLIN, on_signal, &sc, &sig_watch)) {
+		sm70__err("signalfd: %s", strerror(errno));
+		goto out_loop;
+	}
+	d.now_us = sm70__now_us();
+	ret = sm70__listener_open(&d, &err);
+	if (ret) {
+		sm70__err("%s", err.msg);
+		code = 2;
+		goto out_signal;
+	}
+	if (sd_watchdog_enabled(0, &usec) > 0 && usec)
+		wd.interval_us = usec / 2;
+	wd.last_us = sm70__now_us();
+	sd_notifyf(0, "READY=1\nSTATUS=serving %s on %s", d.model_name,
+		   d.listen_unlink ? d.cfg.socket_path : "the socket from systemd");
+	sm70__notice("ready: serving %s", d.model_name);
+
+	ret = run(&d, &wd);
+	code = ret ? 1 : 0;
+
+	sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+	sm70__sessions_close_all(&d, code ? "sm70d is stopping after a failure" :
+				 "sm70d is shutting down");
+	/* Let the engine emit the final events of the cancelled jobs, so that every job and
+	 * session is freed before the engine goes. */
+	for (int i = 0; i < 1000 && sm70_engine_busy(d.engine); i++)
+		if (sm70__sched_step(&d) < 0)
+			break;
+	sm70__sessions_reap(&d);
+	sm70__listener_close(&d);
+	if (code == 0)
+		sm70__notice("drained; exiting");
+out_signal:
+	sm70__loop_unwatch(d.loop, sig_watch);
+	if (sc.fd >= 0)
+		close(sc.fd);
+out_loop:
+	sm70__loop_destroy(d.loop);
+out_engine:
+	sm70_engine_close(d.engine);
+	return code;
+}

@@ -1,0 +1,932 @@
+/*
+ * session.c - the listening socket, the handshake, the shared segment and both rings; see
+ * session.h and docs/PROTOCOL.md.
+ *
+ * Trust boundary: everything in the segment is written by a client that may be hostile.
+ * Submission entries and prompts are copied once into private memory (memcpy, then a
+ * compiler barrier so that no later read can go back to the shared copy) and only the
+ * copies are checked and used. Indices the client writes (sq_tail, eq_head) are read once
+ * per use and checked against the ring size; a value that breaks the ring rules ends the
+ * session, never the daemon. Nothing here blocks: sockets and eventfds are non-blocking and
+ * a full event ring holds events back instead of waiting.
+ */
+#include "daemon/session.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "daemon/scheduler.h"
+#include "shm_proto/sm70_validate.h"
+
+/* After copying out of shared memory: the compiler may not satisfy a later read of the
+ * private copy by reading the shared bytes again (which the client may have changed). */
+#define SHM_BARRIER() __asm__ __volatile__("" ::: "memory")
+
+/* Bounds for the ring sizes a hello may ask for. */
+#define SQ_MIN 8u
+#define SQ_MAX 4096u
+#define EQ_MIN 16u
+#define EQ_MAX 65536u
+#define ARENA_MIN 1024u
+#define ARENA_MAX (1u << 24)
+
+static void on_sock(void *arg, int fd, uint32_t revents);
+static void on_doorbell(void *arg, int fd, uint32_t revents);
+
+/* ---- listening -------------------------------------------------------------------- */
+
+static void on_listen(void *arg, int fd, uint32_t revents);
+
+/* Binds path, replacing a socket file only if nothing listens on it. Returns the fd or
+ * -errno. */
+static int bind_path(const struct sm70__config *cfg, struct sm70_err *err)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	struct stat st;
+	int fd, probe, ret;
+
+	memcpy(a.sun_path, cfg->socket_path, sizeof(a.sun_path) - 1); /* NUL-terminated */
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return sm70_errf(err, -errno, "socket(AF_UNIX, SOCK_SEQPACKET): %s",
+				 strerror(errno));
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
+		goto bound;
+	ret = -errno;
+	if (ret != -EADDRINUSE) {
+		sm70_errf(err, ret, "bind %s: %s", cfg->socket_path, strerror(-ret));
+		goto fail;
+	}
+	/* Something is there. Only a socket that refuses connections is stale. */
+	if (lstat(cfg->socket_path, &st) || !S_ISSOCK(st.st_mode)) {
+		ret = sm70_errf(err, -EEXIST, "%s exists and is not a socket; not touching it",
+				cfg->socket_path);
+		goto fail;
+	}
+	probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (probe < 0) {
+		ret = sm70_errf(err, -errno, "socket: %s", strerror(errno));
+		goto fail;
+	}
+	ret = connect(probe, (struct sockaddr *)&a, sizeof(a)) ? -errno : 0;
+	close(probe);
+	if (ret != -ECONNREFUSED) {
+		ret = sm70_errf(err, -EADDRINUSE, "%s: another process listens on it (is sm70d "
+				"already running?)", cfg->socket_path);
+		goto fail;
+	}
+	sm70__notice("removing the stale socket %s", cfg->socket_path);
+	if (unlink(cfg->socket_path) && errno != ENOENT) {
+		ret = sm70_errf(err, -errno, "unlink %s: %s", cfg->socket_path, strerror(errno));
+		goto fail;
+	}
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a))) {
+		ret = sm70_errf(err, -errno, "bind %s: %s", cfg->socket_path, strerror(errno));
+		goto fail;
+	}
+bound:
+	if (chmod(cfg->socket_path, cfg->socket_mode)) {
+		ret = sm70_errf(err, -errno, "chmod %s: %s", cfg->socket_path, strerror(errno));
+		unlink(cfg->socket_path);
+		goto fail;
+	}
+	if (listen(fd, 128)) {
+		ret = sm70_errf(err, -errno, "listen %s: %s", cfg->socket_path, strerror(errno));
+		unlink(cfg->socket_path);
+		goto fail;
+	}
+	return fd;
+fail:
+	close(fd);
+	return ret;
+}
+
+int sm70__listener_open(struct sm70__daemon *d, struct sm70_err *err)
+{
+	int n, i, fd = -1, ret;
+
+	n = sd_listen_fds(1);
+	if (n < 0)
+		return sm70_errf(err, n, "sd_listen_fds: %s", strerror(-n));
+	for (i = 0; i < n; i++) {
+		int cand = SD_LISTEN_FDS_START + i;
+
+		if (sd_is_socket_unix(cand, SOCK_SEQPACKET, 1, NULL, 0) > 0) {
+			fd = cand;
+			break;
+		}
+	}
+	if (n > 0 && fd < 0)
+		return sm70_errf(err, -EINVAL, "systemd passed %d fds but none is a listening "
+				 "AF_UNIX SOCK_SEQPACKET socket", n);
+	if (fd >= 0) {
+		int fl = fcntl(fd, F_GETFL);
+
+		if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) ||
+		    fcntl(fd, F_SETFD, FD_CLOEXEC))
+			return sm70_errf(err, -errno, "fcntl on the socket from systemd: %s",
+					 strerror(errno));
+		sm70__info("using the listening socket passed by systemd (fd %d)", fd);
+		d->listen_unlink = 0;
+	} else {
+		fd = bind_path(&d->cfg, err);
+		if (fd < 0)
+			return fd;
+		d->listen_unlink = 1;
+		sm70__info("listening on %s (mode %04o)", d->cfg.socket_path, d->cfg.socket_mode);
+	}
+	d->listen_fd = fd;
+	ret = sm70__loop_watch(d->loop, fd, POLLIN, on_listen, d, &d->listen_watch);
+	if (ret) {
+		sm70__listener_close(d);
+		return sm70_errf(err, ret, "cannot watch the listening socket: %s",
+				 strerror(-ret));
+	}
+	return 0;
+}
+
+void sm70__listener_close(struct sm70__daemon *d)
+{
+	if (d->listen_fd < 0)
+		return;
+	sm70__loop_unwatch(d->loop, d->listen_watch);
+	d->listen_watch = NULL;
+	close(d->listen_fd);
+	d->listen_fd = -1;
+	if (d->listen_unlink)
+		unlink(d->cfg.socket_path);
+	d->listen_unlink = 0;
+}
+
+static void on_listen(void *arg, int lfd, uint32_t revents)
+{
+	struct sm70__daemon *d = arg;
+
+	for (;;) {
+		struct sm70__session *s;
+		struct ucred cred;
+		socklen_t len = sizeof(cred);
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				sm70__warn("accept: %s", strerror(errno));
+			return;
+		}
+		s = calloc(1, sizeof(*s));
+		if (!s || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len)) {
+			sm70__warn("dropping a connection: %s", s ? strerror(errno) : "no memory");
+			free(s);
+			close(fd);
+			continue;
+		}
+		s->d = d;
+		s->id = ++d->next_session_id;
+		s->state = SM70__SESSION_HELLO;
+		s->sock = fd;
+		s->doorbell_fd = s->event_fd = -1;
+		s->uid = cred.uid;
+		s->gid = cred.gid;
+		s->pid = cred.pid;
+		s->t_accept_us = d->now_us;
+		if (sm70__loop_watch(d->loop, fd, POLLIN | POLLRDHUP, on_sock, s, &s->sock_watch)) {
+			sm70__warn("dropping a connection: cannot watch it");
+			free(s);
+			close(fd);
+			continue;
+		}
+		s->next = d->sessions;
+		d->sessions = s;
+		d->n_sessions++;
+		sm70__debug("session %u: connection from pid %d uid %u", s->id, (int)s->pid,
+			    (unsigned)s->uid);
+	}
+}
+
+/* ---- the handshake ---------------------------------------------------------------- */
+
+static void refuse(struct sm70__daemon *d, struct sm70__session *s, int code, const char *fmt,
+		   ...) __attribute__((format(printf, 4, 5)));
+
+static void refuse(struct sm70__daemon *d, struct sm70__session *s, int code, const char *fmt,
+		   ...)
+{
+	struct sm70_proto_refusal r;
+	va_list ap;
+
+	memset(&r, 0, sizeof(r));
+	r.size = sizeof(r);
+	r.magic = SM70_PROTO_MAGIC;
+	r.type = SM70_PROTO_MSG_REFUSAL;
+	r.version_major = SM70_PROTO_VERSION_MAJOR;
+	r.version_minor = SM70_PROTO_VERSION_MINOR;
+	r.result = code;
+	va_start(ap, fmt);
+	vsnprintf(r.reason, sizeof(r.reason), fmt, ap);
+	va_end(ap);
+	if (send(s->sock, &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+		sm70__debug("session %u: cannot send the refusal: %s", s->id, strerror(errno));
+	sm70__notice("session %u (pid %d uid %u): refused (%s): %s", s->id, (int)s->pid,
+		     (unsigned)s->uid, sm70_proto_strerror(code), r.reason);
+	sm70__session_close(d, s, "refused");
+}
+
+static int id_in(uint32_t id, const uint32_t *ids, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (ids[i] == id)
+			return 1;
+	return 0;
+}
+
+/* Whether the peer may connect: its uid, its primary gid, or a supplementary gid. */
+static int access_ok(const struct sm70__daemon *d, const struct sm70__session *s)
+{
+	gid_t groups[256];
+	socklen_t len = sizeof(groups);
+
+	if (id_in((uint32_t)s->uid, d->cfg.allowed_uids, d->cfg.n_allowed_uids) ||
+	    id_in((uint32_t)s->gid, d->cfg.allowed_gids, d->cfg.n_allowed_gids))
+		return 1;
+	if (!d->cfg.n_allowed_gids)
+		return 0;
+	if (getsockopt(s->sock, SOL_SOCKET, SO_PEERGROUPS, groups, &len))
+		return 0; /* too many groups or an old kernel: the primary gid decided */
+	for (size_t i = 0; i < len / sizeof(gid_t); i++)
+		if (id_in((uint32_t)groups[i], d->cfg.allowed_gids, d->cfg.n_allowed_gids))
+			return 1;
+	return 0;
+}
+
+static uint32_t ring_size(uint32_t want, uint32_t dflt, uint32_t lo, uint32_t hi)
+{
+	uint32_t v = want ? want : dflt, p = 1;
+
+	if (v > hi)
+		v = hi;
+	while (p < v)
+		p <<= 1;
+	if (p < lo)
+		p = lo;
+	if (p > hi)
+		p = hi; /* hi is a power of two */
+	return p;
+}
+
+static uint32_t min_u32(uint32_t a, uint32_t b)
+{
+	return a < b ? a : b;
+}
+
+/* Creates the segment and the eventfds, sends the welcome. Returns 0 or -errno (the caller
+ * refuses the client). */
+static int welcome(struct sm70__daemon *d, struct sm70__session *s,
+		   const struct sm70_proto_hello *h)
+{
+	struct sm70_proto_seg_hdr hdr;
+	struct sm70_proto_welcome w;
+	struct sm70_proto_limits lim;
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * SM70_PROTO_N_FDS)];
+		struct cmsghdr align;
+	} ctl;
+	struct iovec iov = { .iov_base = &w, .iov_len = sizeof(w) };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+			      .msg_controllen = sizeof(ctl.buf) };
+	struct cmsghdr *cm;
+	uint32_t sq, eq, ar;
+	char memname[32];
+	int memfd = -1, ret, fds[SM70_PROTO_N_FDS];
+	void *seg = MAP_FAILED;
+
+	sq = ring_size(h->sq_entries, d->cfg.rings.sq_entries, SQ_MIN, SQ_MAX);
+	eq = ring_size(h->eq_entries, d->cfg.rings.eq_entries, EQ_MIN, EQ_MAX);
+	ar = ring_size(h->arena_tokens, d->cfg.rings.arena_tokens, ARENA_MIN, ARENA_MAX);
+
+	memset(&lim, 0, sizeof(lim));
+	lim.max_jobs_in_flight = d->cfg.limits.max_jobs_in_flight;
+	lim.max_prompt_tokens = min_u32(min_u32(d->cfg.limits.max_prompt_tokens, ar),
+					d->max_position - 1);
+	lim.max_new_tokens = d->cfg.limits.max_new_tokens;
+	lim.max_context_tokens = d->cfg.limits.max_context_tokens ?
+		min_u32(d->cfg.limits.max_context_tokens, d->max_position) : d->max_position;
+	lim.max_top_logprobs = min_u32(d->cfg.limits.max_top_logprobs, SM70_PROTO_MAX_TOP);
+	lim.max_priority = d->cfg.limits.max_priority;
+	lim.vocab_size = d->vocab_size;
+	lim.slow_consumer_ms = d->cfg.slow_consumer_ms;
+
+	ret = sm70_proto_layout_init(&hdr, sq, eq, ar, d->cfg.rings.start_index);
+	if (ret)
+		return -EINVAL;
+	hdr.session_id = s->id;
+	hdr.limits = lim;
+
+	snprintf(memname, sizeof(memname), "sm70-session-%u", s->id);
+	memfd = memfd_create(memname, MFD_ALLOW_SEALING | MFD_CLOEXEC);
+	if (memfd < 0) {
+		ret = -errno;
+		goto fail;
+	}
+	if (ftruncate(memfd, (off_t)hdr.total_size)) {
+		ret = -errno;
+		goto fail;
+	}
+	seg = mmap(NULL, hdr.total_size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	if (seg == MAP_FAILED) {
+		ret = -errno;
+		goto fail;
+	}
+	memcpy(seg, &hdr, sizeof(hdr));
+	/* Until the loop says otherwise the client rings: the daemon may be blocked now. */
+	((struct sm70_proto_seg_hdr *)seg)->daemon_sleeping = 1;
+	if (fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
+		ret = -errno;
+		goto fail;
+	}
+	s->doorbell_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	s->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (s->doorbell_fd < 0 || s->event_fd < 0) {
+		ret = -errno;
+		goto fail;
+	}
+
+	memset(&w, 0, sizeof(w));
+	w.size = sizeof(w);
+	w.magic = SM70_PROTO_MAGIC;
+	w.type = SM70_PROTO_MSG_WELCOME;
+	w.version_major = SM70_PROTO_VERSION_MAJOR;
+	w.version_minor = SM70_PROTO_VERSION_MINOR;
+	w.n_fds = SM70_PROTO_N_FDS;
+	w.result = SM70_PROTO_OK;
+	w.session_id = s->id;
+	w.segment_size = hdr.total_size;
+	w.sq_offset = hdr.sq_offset;
+	w.eq_offset = hdr.eq_offset;
+	w.arena_offset = hdr.arena_offset;
+	w.sq_entries = sq;
+	w.eq_entries = eq;
+	w.arena_tokens = ar;
+	w.limits = lim;
+	snprintf(w.model_name, sizeof(w.model_name), "%s", d->model_name);
+
+	fds[SM70_PROTO_FD_MEMFD] = memfd;
+	fds[SM70_PROTO_FD_DOORBELL] = s->doorbell_fd;
+	fds[SM70_PROTO_FD_EVENT] = s->event_fd;
+	memset(&ctl, 0, sizeof(ctl));
+	cm = CMSG_FIRSTHDR(&msg);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(fds));
+	memcpy(CMSG_DATA(cm), fds, sizeof(fds));
+	if (sendmsg(s->sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(w)) {
+		ret = -errno;
+		goto fail;
+	}
+	/* The mapping keeps the memory; the client has its own fd. */
+	close(memfd);
+	memfd = -1;
+
+	s->seg = seg;
+	s->seg_size = hdr.total_size;
+	s->hdr = seg;
+	s->sq = sm70_proto_sq(seg, &hdr);
+	s->eq = sm70_proto_eq(seg, &hdr);
+	s->arena = sm70_proto_arena(seg, &hdr);
+	s->sq_entries = sq;
+	s->eq_entries = eq;
+	s->arena_tokens = ar;
+	s->limits = lim;
+	s->sq_head = hdr.sq_head;
+	s->eq_tail = s->eq_published = hdr.eq_tail;
+	ret = sm70__loop_watch(d->loop, s->doorbell_fd, POLLIN, on_doorbell, s,
+			       &s->doorbell_watch);
+	if (ret)
+		return ret; /* the session is set up: closing it frees everything */
+	s->state = SM70__SESSION_ACTIVE;
+	return 0;
+fail:
+	if (seg != MAP_FAILED)
+		munmap(seg, hdr.total_size);
+	if (memfd >= 0)
+		close(memfd);
+	return ret ? ret : -EIO;
+}
+
+static uint32_t n_active(const struct sm70__daemon *d)
+{
+	uint32_t n = 0;
+
+	for (const struct sm70__session *s = d->sessions; s; s = s->next)
+		n += s->state == SM70__SESSION_ACTIVE;
+	return n;
+}
+
+static void handle_hello(struct sm70__daemon *d, struct sm70__session *s)
+{
+	char buf[SM70_PROTO_MSG_MAX];
+	struct iovec iov = { .iov_base = buf, .iov_len = sizeof(buf) };
+	/* No control buffer: fds a client might attach are discarded by the kernel. */
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	struct sm70_proto_hello h;
+	ssize_t n;
+	int ret;
+
+	n = recvmsg(s->sock, &msg, MSG_DONTWAIT);
+	if (n < 0) {
+		if (errno != EAGAIN && errno != EINTR)
+			sm70__session_close(d, s, strerror(errno));
+		return;
+	}
+	if (n == 0) {
+		sm70__session_close(d, s, "hung up before the hello");
+		return;
+	}
+	memset(&h, 0, sizeof(h));
+	memcpy(&h, buf, (size_t)n < sizeof(h) ? (size_t)n : sizeof(h));
+	for (size_t i = 0; i < sizeof(h.client_name) && h.client_name[i]; i++)
+		s->name[i] = (h.client_name[i] >= 0x20 && h.client_name[i] < 0x7f) ?
+			     h.client_name[i] : '?';
+
+	if (!access_ok(d, s)) {
+		refuse(d, s, SM70_PROTO_E_DENIED, "uid %u (gid %u) may not use this sm70d: "
+		       "ask its administrator to add the uid to allowed_uids or a group to "
+		       "allowed_gids", (unsigned)s->uid, (unsigned)s->gid);
+		return;
+	}
+	if (n < 14 || (msg.msg_flags & MSG_TRUNC)) {
+		refuse(d, s, SM70_PROTO_E_INVALID, "hello: a message of %zd bytes is not a "
+		       "hello", n);
+		return;
+	}
+	if (h.magic != SM70_PROTO_MAGIC) {
+		refuse(d, s, SM70_PROTO_E_INVALID, "magic: 0x%08x is not the sm70 magic: this "
+		       "is not an sm70 client", h.magic);
+		return;
+	}
+	if (h.type != SM70_PROTO_MSG_HELLO) {
+		refuse(d, s, SM70_PROTO_E_INVALID, "type: %u is not a hello (1)", h.type);
+		return;
+	}
+	if (h.version_major > SM70_PROTO_VERSION_MAJOR) {
+		refuse(d, s, SM70_PROTO_E_VERSION, "sm70d speaks shared-memory protocol %u.x and "
+		       "this client speaks %u.x: upgrade sm70d to a release that speaks protocol "
+		       "%u", SM70_PROTO_VERSION_MAJOR, h.version_major, h.version_major);
+		return;
+	}
+	if (h.version_major < SM70_PROTO_VERSION_MAJOR) {
+		refuse(d, s, SM70_PROTO_E_VERSION, "sm70d speaks shared-memory protocol %u.x and "
+		       "this client speaks %u.x: upgrade libsm70client (or this client) to a "
+		       "release built for protocol %u", SM70_PROTO_VERSION_MAJOR,
+		       h.version_major, SM70_PROTO_VERSION_MAJOR);
+		return;
+	}
+	if (n < (ssize_t)sizeof(h) || h.size < sizeof(h)) {
+		refuse(d, s, SM70_PROTO_E_INVALID, "size: a hello has at least %zu bytes "
+		       "(size field %u, message %zd)", sizeof(h), h.size, n);
+		return;
+	}
+	if (h.flags) {
+		refuse(d, s, SM70_PROTO_E_INVALID, "flags: unknown bits 0x%x in the hello",
+		       h.flags);
+		return;
+	}
+	if (h.reserved0 || h.reserved[0] || h.reserved[1] || h.reserved[2] || h.reserved[3]) {
+		refuse(d, s, SM70_PROTO_E_INVALID, "reserved: must be zero in the hello");
+		return;
+	}
+	if (d->draining) {
+		refuse(d, s, SM70_PROTO_E_SHUTDOWN, "sm70d is shutting down; retry when it is "
+		       "back");
+		return;
+	}
+	if (n_active(d) >= d->cfg.max_sessions) {
+		refuse(d, s, SM70_PROTO_E_BUSY, "sm70d already serves %u sessions, its limit "
+		       "(max_sessions); retry later", d->cfg.max_sessions);
+		return;
+	}
+	ret = welcome(d, s, &h);
+	if (ret) {
+		if (s->state == SM70__SESSION_HELLO)
+			refuse(d, s, ret == -ENOMEM ? SM70_PROTO_E_NO_MEMORY :
+			       SM70_PROTO_E_INTERNAL, "sm70d could not set up the session: %s",
+			       strerror(-ret));
+		else
+			sm70__session_close(d, s, "could not watch the doorbell");
+		return;
+	}
+	sm70__notice("session %u: '%s' pid %d uid %u, rings %u/%u, arena %u tokens, %zu bytes",
+		     s->id, s->name, (int)s->pid, (unsigned)s->uid, s->sq_entries, s->eq_entries,
+		     s->arena_tokens, s->seg_size);
+}
+
+static void on_sock(void *arg, int fd, uint32_t revents)
+{
+	struct sm70__session *s = arg;
+	struct sm70__daemon *d = s->d;
+	char c;
+	ssize_t n;
+
+	if (s->state == SM70__SESSION_HELLO) {
+		if (revents & POLLIN)
+			handle_hello(d, s);
+		else if (revents & (POLLHUP | POLLRDHUP | POLLERR))
+			sm70__session_close(d, s, "hung up before the hello");
+		return;
+	}
+	if (s->state != SM70__SESSION_ACTIVE)
+		return;
+	if (revents & POLLIN) {
+		n = recv(fd, &c, 1, MSG_DONTWAIT);
+		if (n > 0) {
+			sm70__session_close(d, s, "the client sent a message after the hello");
+			return;
+		}
+		if (n == 0) {
+			sm70__session_close(d, s, "the client hung up");
+			return;
+		}
+	}
+	if (revents & (POLLHUP | POLLRDHUP | POLLERR))
+		sm70__session_close(d, s, "the client hung up");
+}
+
+static void on_doorbell(void *arg, int fd, uint32_t revents)
+{
+	uint64_t v;
+
+	(void)arg;
+	/* Reset the counter; the rings themselves are checked by sm70__sessions_poll right
+	 * after the loop returns. */
+	if (read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+		sm70__debug("doorbell read: %s", strerror(errno));
+}
+
+/* ---- the event ring --------------------------------------------------------------- */
+
+/* Free slots in the client's event ring, or 0 if it broke the ring rules (then the session
+ * is marked broken and closed by the next poll). */
+static uint32_t eq_space(struct sm70__session *s)
+{
+	uint32_t head = sm70_ring_load_acquire(&s->hdr->eq_head);
+	uint32_t used = sm70_ring_count(head, s->eq_tail);
+
+	if (used > s->eq_entries) {
+		s->broken = "eq_head is not within eq_entries of eq_tail";
+		return 0;
+	}
+	return s->eq_entries - used;
+}
+
+static void eq_write(struct sm70__session *s, const struct sm70_proto_eqe *ev)
+{
+	memcpy(&s->eq[sm70_ring_slot(s->eq_tail, s->eq_entries)], ev, sizeof(*ev));
+	s->eq_tail++;
+}
+
+static int hold(struct sm70__daemon *d, struct sm70__session *s,
+		const struct sm70_proto_eqe *ev, uint64_t serial)
+{
+	if (s->held_count == s->held_cap) {
+		uint32_t cap = s->held_cap ? s->held_cap * 2 : 16;
+		struct sm70__held_event *n = malloc(sizeof(*n) * cap);
+
+		if (!n || cap < s->held_cap) {
+			free(n);
+			s->slow_pending = 1;
+			return -ENOMEM;
+		}
+		for (uint32_t i = 0; i < s->held_count; i++)
+			n[i] = s->held[(s->held_first + i) & (s->held_cap - 1)];
+		free(s->held);
+		s->held = n;
+		s->held_cap = cap;
+		s->held_first = 0;
+	}
+	s->held[(s->held_first + s->held_count) & (s->held_cap - 1)] =
+		(struct sm70__held_event){ .ev = *ev, .serial = serial };
+	if (s->held_count++ == 0) {
+		s->stall_since_us = d->now_us;
+		sm70_proto_sleep_begin(&s->hdr->eq_space_wanted);
+		sm70__debug("session %u: event ring full, holding events", s->id);
+	}
+	if (s->held_count > d->cfg.slow_consumer_events)
+		s->slow_pending = 1;
+	return 0;
+}
+
+int sm70__session_post(struct sm70__daemon *d, struct sm70__session *s,
+		       const struct sm70_proto_eqe *ev, uint64_t serial)
+{
+	if (s->state != SM70__SESSION_ACTIVE)
+		return 0;
+	if (s->held_count == 0 && eq_space(s) > 0) {
+		eq_write(s, ev);
+		return 0;
+	}
+	return hold(d, s, ev, serial);
+}
+
+void sm70__session_post_error(struct sm70__daemon *d, struct sm70__session *s, uint64_t tag,
+			      uint8_t opcode, int code, const char *msg)
+{
+	struct sm70_proto_eqe ev;
+
+	memset(&ev, 0, sizeof(ev));
+	ev.type = SM70_PROTO_EV_ERROR;
+	ev.tag = tag;
+	ev.u.error.error = code;
+	ev.u.error.opcode = opcode;
+	snprintf(ev.u.error.message, sizeof(ev.u.error.message), "%s", msg);
+	sm70__debug("session %u: ERROR %s for tag %llu: %s", s->id, sm70_proto_strerror(code),
+		    (unsigned long long)tag, msg);
+	sm70__session_post(d, s, &ev, 0);
+}
+
+/* Moves held events into the ring as far as it has room; keeps eq_space_wanted set while
+ * any are left (set, fence, re-check: the client may have freed space meanwhile). */
+static void flush_held(struct sm70__daemon *d, struct sm70__session *s)
+{
+	for (;;) {
+		uint32_t space = eq_space(s), moved = 0;
+
+		while (s->held_count && space) {
+			eq_write(s, &s->held[s->held_first].ev);
+			s->held_first = (s->held_first + 1) & (s->held_cap - 1);
+			s->held_count--;
+			space--;
+			moved++;
+		}
+		if (moved)
+			s->stall_since_us = d->now_us;
+		if (!s->held_count) {
+			sm70_proto_sleep_end(&s->hdr->eq_space_wanted);
+			return;
+		}
+		sm70_proto_sleep_begin(&s->hdr->eq_space_wanted);
+		if (!eq_space(s))
+			return;
+	}
+}
+
+/* ---- the submission ring ---------------------------------------------------------- */
+
+static void process_entry(struct sm70__daemon *d, struct sm70__session *s,
+			  const struct sm70_proto_sqe *e)
+{
+	char why[SM70_PROTO_ERRMSG_LEN];
+	int32_t *prompt;
+	uint32_t slot, i;
+	int ret;
+
+	ret = sm70_proto_validate_submit(e, &s->limits, s->arena_tokens, why, sizeof(why));
+	if (ret) {
+		sm70__session_post_error(d, s, e->tag, e->opcode, -ret, why);
+		return;
+	}
+	if (e->opcode == SM70_PROTO_OP_CANCEL) {
+		sm70__sched_cancel(d, s, e->tag);
+		return;
+	}
+	if (d->draining) {
+		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_SHUTDOWN,
+					 "sm70d is shutting down and accepts no new jobs");
+		return;
+	}
+	/* validate_submit checked slot + prompt_len <= arena_tokens on the private copy. */
+	prompt = malloc(sizeof(*prompt) * e->prompt_len);
+	if (!prompt) {
+		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_NO_MEMORY,
+					 "prompt_len: no daemon memory for the prompt copy");
+		return;
+	}
+	slot = sm70_ring_slot(e->arena_pos, s->arena_tokens);
+	memcpy(prompt, s->arena + slot, sizeof(*prompt) * e->prompt_len);
+	SHM_BARRIER();
+	for (i = 0; i < e->prompt_len; i++) {
+		if ((uint32_t)prompt[i] >= s->limits.vocab_size) {
+			snprintf(why, sizeof(why),
+				 "prompt[%u]: token %u not below the vocab size %u", i,
+				 (uint32_t)prompt[i], s->limits.vocab_size);
+			free(prompt);
+			sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_INVALID,
+						 why);
+			return;
+		}
+	}
+	sm70__sched_submit(d, s, e, prompt);
+}
+
+/* Copies and handles the entries between sq_head and the client's sq_tail, stopping while
+ * more than eq_entries events are held for the client (PROTOCOL.md section 7: this bounds
+ * what a client that never reads can make the daemon keep). */
+static void drain_sq(struct sm70__daemon *d, struct sm70__session *s)
+{
+	uint32_t tail = sm70_ring_load_acquire(&s->hdr->sq_tail);
+	uint32_t n = sm70_ring_count(s->sq_head, tail), arena_head = 0;
+	int arena_moved = 0;
+
+	if (!n)
+		return;
+	if (n > s->sq_entries) {
+		char why[128];
+
+		snprintf(why, sizeof(why), "sq_tail %u is %u entries past sq_head %u in a ring of "
+			 "%u", tail, n, s->sq_head, s->sq_entries);
+		sm70__session_close(d, s, why);
+		return;
+	}
+	while (s->sq_head != tail && s->held_count <= s->eq_entries &&
+	       s->state == SM70__SESSION_ACTIVE) {
+		struct sm70_proto_sqe e;
+
+		memcpy(&e, &s->sq[sm70_ring_slot(s->sq_head, s->sq_entries)], sizeof(e));
+		SHM_BARRIER();
+		s->sq_head++;
+		if (e.opcode == SM70_PROTO_OP_SUBMIT) {
+			arena_head = e.arena_pos + e.prompt_len;
+			arena_moved = 1;
+		}
+		process_entry(d, s, &e);
+	}
+	if (arena_moved)
+		sm70_ring_store_release(&s->hdr->arena_head, arena_head);
+	sm70_ring_store_release(&s->hdr->sq_head, s->sq_head);
+}
+
+/* ---- per-iteration work ----------------------------------------------------------- */
+
+void sm70__sessions_poll(struct sm70__daemon *d)
+{
+	struct sm70__session *s;
+
+	for (s = d->sessions; s; s = s->next) {
+		if (s->state == SM70__SESSION_HELLO &&
+		    d->now_us - s->t_accept_us > (uint64_t)d->cfg.hello_timeout_ms * 1000) {
+			sm70__session_close(d, s, "no hello in time");
+			continue;
+		}
+		if (s->state != SM70__SESSION_ACTIVE)
+			continue;
+		if (s->held_count)
+			flush_held(d, s);
+		if (s->held_count <= s->eq_entries)
+			drain_sq(d, s);
+		if (s->state != SM70__SESSION_ACTIVE)
+			continue;
+		if (s->held_count &&
+		    d->now_us - s->stall_since_us >= (uint64_t)s->limits.slow_consumer_ms * 1000)
+			s->slow_pending = 1;
+		if (s->slow_pending && !s->n_jobs) {
+			/* only final events are held: nothing left to end */
+			s->slow_pending = 0;
+			s->stall_since_us = d->now_us;
+		}
+		if (s->slow_pending) {
+			s->slow_pending = 0;
+			sm70__notice("session %u: event ring not drained (%u events held): ending "
+				     "its jobs with E_SLOW_CONSUMER", s->id, s->held_count);
+			sm70__sched_slow_consumer(d, s);
+			s->stall_since_us = d->now_us;
+		}
+		if (s->broken)
+			sm70__session_close(d, s, s->broken);
+	}
+}
+
+void sm70__sessions_publish(struct sm70__daemon *d)
+{
+	for (struct sm70__session *s = d->sessions; s; s = s->next) {
+		uint64_t one = 1;
+
+		if (s->state != SM70__SESSION_ACTIVE || s->eq_tail == s->eq_published)
+			continue;
+		sm70_ring_store_release(&s->hdr->eq_tail, s->eq_tail);
+		s->eq_published = s->eq_tail;
+		if (sm70_proto_wake_needed(&s->hdr->client_sleeping) &&
+		    write(s->event_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+			sm70__debug("session %u: event fd write: %s", s->id, strerror(errno));
+	}
+}
+
+int sm70__sessions_sleep_begin(struct sm70__daemon *d)
+{
+	int pending = 0;
+
+	for (struct sm70__session *s = d->sessions; s; s = s->next) {
+		if (s->state != SM70__SESSION_ACTIVE)
+			continue;
+		sm70_proto_sleep_begin(&s->hdr->daemon_sleeping);
+		if (s->held_count) {
+			sm70_proto_sleep_begin(&s->hdr->eq_space_wanted);
+			if (eq_space(s) || s->broken)
+				pending = 1;
+		}
+		if (s->held_count <= s->eq_entries &&
+		    sm70_ring_load_acquire(&s->hdr->sq_tail) != s->sq_head)
+			pending = 1;
+	}
+	return pending;
+}
+
+void sm70__sessions_sleep_end(struct sm70__daemon *d)
+{
+	for (struct sm70__session *s = d->sessions; s; s = s->next)
+		if (s->state == SM70__SESSION_ACTIVE)
+			sm70_proto_sleep_end(&s->hdr->daemon_sleeping);
+}
+
+int64_t sm70__sessions_next_timer(const struct sm70__daemon *d)
+{
+	int64_t best = -1;
+
+	for (const struct sm70__session *s = d->sessions; s; s = s->next) {
+		uint64_t at;
+		int64_t dt;
+
+		if (s->state == SM70__SESSION_HELLO)
+			at = s->t_accept_us + (uint64_t)d->cfg.hello_timeout_ms * 1000 + 1;
+		else if (s->state == SM70__SESSION_ACTIVE && s->held_count)
+			at = s->stall_since_us + (uint64_t)s->limits.slow_consumer_ms * 1000;
+		else
+			continue;
+		dt = at > d->now_us ? (int64_t)(at - d->now_us) : 0;
+		if (best < 0 || dt < best)
+			best = dt;
+	}
+	return best;
+}
+
+int sm70__sessions_holding(const struct sm70__daemon *d)
+{
+	for (const struct sm70__session *s = d->sessions; s; s = s->next)
+		if (s->state == SM70__SESSION_ACTIVE && s->held_count)
+			return 1;
+	return 0;
+}
+
+/* ---- ending sessions -------------------------------------------------------------- */
+
+void sm70__session_close(struct sm70__daemon *d, struct sm70__session *s, const char *why)
+{
+	if (s->state == SM70__SESSION_CLOSED)
+		return;
+	if (s->state == SM70__SESSION_ACTIVE)
+		sm70__notice("session %u ('%s' pid %d): closed: %s (%u jobs to cancel)", s->id,
+			     s->name, (int)s->pid, why, s->n_jobs);
+	else
+		sm70__debug("session %u: closed before the welcome: %s", s->id, why);
+	sm70__loop_unwatch(d->loop, s->sock_watch);
+	sm70__loop_unwatch(d->loop, s->doorbell_watch);
+	s->sock_watch = s->doorbell_watch = NULL;
+	close(s->sock);
+	s->sock = -1;
+	if (s->doorbell_fd >= 0)
+		close(s->doorbell_fd);
+	if (s->event_fd >= 0)
+		close(s->event_fd);
+	s->doorbell_fd = s->event_fd = -1;
+	s->state = SM70__SESSION_CLOSED;
+	free(s->held);
+	s->held = NULL;
+	s->held_count = s->held_cap = s->held_first = 0;
+	sm70__sched_session_gone(d, s);
+}
+
+void sm70__sessions_close_all(struct sm70__daemon *d, const char *why)
+{
+	for (struct sm70__session *s = d->sessions; s; s = s->next)
+		sm70__session_close(d, s, why);
+}
+
+void sm70__sessions_reap(struct sm70__daemon *d)
+{
+	struct sm70__session **pp = &d->sessions, *s;
+
+	while ((s = *pp)) {
+		if (s->state != SM70__SESSION_CLOSED || s->n_jobs) {
+			pp = &s->next;
+			continue;
+		}
+		/* The engine emitted every final event of this session's jobs: nothing refers
+		 * to the segment any more. */
+		*pp = s->next;
+		if (s->seg)
+			munmap(s->seg, s->seg_size);
+		d->n_sessions--;
+		sm70__debug("session %u: freed", s->id);
+		free(s);
+	}
+}

@@ -1,0 +1,237 @@
+/*
+ * daemon_util.h - start and stop a real build/bin/sm70d from an integration test.
+ *
+ * The daemon runs on the CPU backend with a socket, a config file and a log file in a
+ * fresh mkdtemp directory, so tests never collide with each other or with a system
+ * daemon. The binary is $SM70_BUILD/bin/sm70d (SM70_BUILD defaults to "build"). Header-only
+ * (static functions) so any test can include it; it uses only libc.
+ *
+ *   struct sm70t_daemon t;
+ *   sm70t_daemon_start(&t, "{\"slow_consumer_ms\": 300}", NULL);   // 0 or -errno
+ *   ... connect to t.sock ...
+ *   int status = sm70t_daemon_stop(&t, SIGTERM, 5000);  // exit status, or -1
+ *   sm70t_daemon_cleanup(&t);
+ *
+ * Non-goals: systemd socket activation, GPU backends, several daemons sharing a dir.
+ */
+#ifndef SM70_TESTS_DAEMON_UTIL_H
+#define SM70_TESTS_DAEMON_UTIL_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SM70T_DEFAULT_MODEL "tests/fixtures/qwen3-gqa2-d64-tied"
+
+struct sm70t_daemon {
+	pid_t pid;
+	char dir[64];
+	char sock[100]; /* fits sun_path */
+	char config[128];
+	char log[128];
+	int exited; /* waitpid already collected it */
+	int status;
+};
+
+static inline long sm70t_ms_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
+}
+
+/* 1 if something accepts connections on path. */
+static inline int sm70t_socket_up(const char *path)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), ok;
+
+	if (fd < 0)
+		return 0;
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+	ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+	close(fd);
+	return ok;
+}
+
+/* Prints the daemon's log (stderr) with a prefix; for failing tests. */
+static inline void sm70t_daemon_dump_log(const struct sm70t_daemon *t)
+{
+	char line[1024];
+	FILE *f = fopen(t->log, "r");
+
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f))
+		fprintf(stderr, "  sm70d| %s", line);
+	fclose(f);
+}
+
+/* 1 if the daemon's log contains needle so far. */
+static inline int sm70t_log_contains(const struct sm70t_daemon *t, const char *needle)
+{
+	char line[1024];
+	FILE *f = fopen(t->log, "r");
+	int found = 0;
+
+	if (!f)
+		return 0;
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, needle) != NULL;
+	fclose(f);
+	return found;
+}
+
+/*
+ * Starts sm70d on model (NULL: the default fixture) with config_json (NULL: none) written
+ * to the temp dir, and waits up to 20 s until its socket accepts connections. Extra
+ * arguments may follow in extra (NULL-terminated list, may be NULL). Returns 0, or -errno
+ * (the daemon's log is printed if it died).
+ */
+static inline int sm70t_daemon_start_model(struct sm70t_daemon *t, const char *model,
+					   const char *config_json, const char *const *extra)
+{
+	const char *build = getenv("SM70_BUILD");
+	char bin[256];
+	const char *argv[32];
+	int n = 0;
+	long deadline;
+
+	memset(t, 0, sizeof(*t));
+	snprintf(t->dir, sizeof(t->dir), "/tmp/sm70t-XXXXXX");
+	if (!mkdtemp(t->dir))
+		return -errno;
+	snprintf(t->sock, sizeof(t->sock), "%s/sm70.sock", t->dir);
+	snprintf(t->log, sizeof(t->log), "%s/sm70d.log", t->dir);
+	snprintf(t->config, sizeof(t->config), "%s/config.json", t->dir);
+	snprintf(bin, sizeof(bin), "%s/bin/sm70d", build && *build ? build : "build");
+	if (access(bin, X_OK)) {
+		fprintf(stderr, "daemon_util: %s is not executable (set SM70_BUILD)\n", bin);
+		return -ENOENT;
+	}
+	argv[n++] = bin;
+	argv[n++] = "--model";
+	argv[n++] = model ? model : SM70T_DEFAULT_MODEL;
+	argv[n++] = "--backend";
+	argv[n++] = "cpu";
+	argv[n++] = "--socket";
+	argv[n++] = t->sock;
+	if (config_json) {
+		FILE *f = fopen(t->config, "w");
+
+		if (!f)
+			return -errno;
+		fputs(config_json, f);
+		fclose(f);
+		argv[n++] = "--config";
+		argv[n++] = t->config;
+	}
+	for (int i = 0; extra && extra[i] && n < 31; i++)
+		argv[n++] = extra[i];
+	argv[n] = NULL;
+
+	fflush(NULL);
+	t->pid = fork();
+	if (t->pid < 0)
+		return -errno;
+	if (t->pid == 0) {
+		int fd = open(t->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+		if (fd >= 0) {
+			dup2(fd, 2);
+			dup2(fd, 1);
+		}
+		/* Not under systemd, whatever the test runner's environment says. */
+		unsetenv("NOTIFY_SOCKET");
+		unsetenv("LISTEN_FDS");
+		unsetenv("LISTEN_PID");
+		unsetenv("WATCHDOG_USEC");
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	deadline = sm70t_ms_now() + 20000;
+	while (sm70t_ms_now() < deadline) {
+		if (sm70t_socket_up(t->sock))
+			return 0;
+		if (waitpid(t->pid, &t->status, WNOHANG) == t->pid) {
+			t->exited = 1;
+			fprintf(stderr, "daemon_util: sm70d exited during start-up:\n");
+			sm70t_daemon_dump_log(t);
+			return -ECHILD;
+		}
+		usleep(20000);
+	}
+	fprintf(stderr, "daemon_util: sm70d did not listen within 20 s\n");
+	sm70t_daemon_dump_log(t);
+	kill(t->pid, SIGKILL);
+	waitpid(t->pid, &t->status, 0);
+	t->exited = 1;
+	return -ETIMEDOUT;
+}
+
+static inline int sm70t_daemon_start(struct sm70t_daemon *t, const char *config_json,
+				     const char *const *extra)
+{
+	return sm70t_daemon_start_model(t, NULL, config_json, extra);
+}
+
+/* Waits up to timeout_ms for the daemon to exit. Returns its exit status (0..255),
+ * 128 + signal if a signal killed it, or -1 if it is still running. */
+static inline int sm70t_daemon_wait(struct sm70t_daemon *t, int timeout_ms)
+{
+	long deadline = sm70t_ms_now() + timeout_ms;
+
+	while (!t->exited) {
+		if (waitpid(t->pid, &t->status, WNOHANG) == t->pid) {
+			t->exited = 1;
+			break;
+		}
+		if (sm70t_ms_now() >= deadline)
+			return -1;
+		usleep(10000);
+	}
+	if (WIFEXITED(t->status))
+		return WEXITSTATUS(t->status);
+	return 128 + WTERMSIG(t->status);
+}
+
+/* Sends sig (e.g. SIGTERM), waits up to timeout_ms, then SIGKILLs. Returns what
+ * sm70t_daemon_wait returned for the first wait (-1: it had to be killed). */
+static inline int sm70t_daemon_stop(struct sm70t_daemon *t, int sig, int timeout_ms)
+{
+	int st;
+
+	if (t->pid <= 0)
+		return -1;
+	if (!t->exited)
+		kill(t->pid, sig);
+	st = sm70t_daemon_wait(t, timeout_ms);
+	if (st < 0) {
+		kill(t->pid, SIGKILL);
+		sm70t_daemon_wait(t, 5000);
+	}
+	return st;
+}
+
+/* Kills a still-running daemon and removes the temp dir. */
+static inline void sm70t_daemon_cleanup(struct sm70t_daemon *t)
+{
+	if (t->pid > 0 && !t->exited)
+		sm70t_daemon_stop(t, SIGKILL, 5000);
+	unlink(t->sock);
+	unlink(t->config);
+	unlink(t->log);
+	rmdir(t->dir);
+}
+
+#endif

@@ -1,0 +1,471 @@
+/*
+ * sm70-generate - generate from one prompt of token ids through a running sm70d, using
+ * libsm70client. Prints the tokens as they arrive, or with --json the same JSON object as
+ * sm70-run --json (tokens, logprobs, top_logprobs, finish_reason, usage, timing), so the two
+ * can be compared field by field.
+ *
+ * Exit codes: 0 done, 2 bad arguments (including a job the daemon refused as invalid or too
+ * large), 3 the daemon is not running (nothing listens on the socket), 1 any other failure.
+ * Non-goals: tokenization; it links only the SDK and liburing, so JSON is printed by hand
+ * (formatted exactly like jansson's compact output, which sm70-run uses).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sm70/client.h"
+
+struct run {
+	int json;
+	uint32_t *tokens;
+	float *logprobs;
+	struct sm70_top_logprob (*tops)[SM70_MAX_TOP_LOGPROBS];
+	uint32_t *n_tops;
+	uint32_t n, cap;
+	double t_submit, t_first, t_last;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: sm70-generate [--socket PATH] (--prompt-ids 1,2,3 | --prompt-file FILE)\n"
+		"                     [-n MAX_NEW_TOKENS] [--temperature T] [--top-k K]\n"
+		"                     [--top-p P] [--seed S] [--top-logprobs N] [--stop-ids 1,2]\n"
+		"                     [--json]\n"
+		"  more: [--ignore-eos] [--priority N] [--deadline-ms MS]\n"
+		"The socket defaults to $SM70_SOCKET, else " SM70_DEFAULT_SOCKET ".\n"
+		"Temperature 0 (the default) is greedy decoding; the seed defaults to 0, as in\n"
+		"sm70-run. A prompt file holds token ids separated by commas or white space.\n"
+		"sm70-run's model options (-m, --backend, --threads, ...) are accepted and\n"
+		"ignored: the daemon's model and configuration are used.\n"
+		"Exit: 0 done, 2 bad arguments, 3 daemon not running, 1 other failures.\n");
+}
+
+static int die_usage(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "sm70-generate: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\n");
+	usage(stderr);
+	return 2;
+}
+
+/* Parses non-negative token ids separated by commas/white space into a new array. Returns
+ * the count, -1 with *bad at the offending text, or -2 when out of memory. */
+static long parse_ids(const char *s, uint32_t **out, const char **bad)
+{
+	size_t n = 0, cap = 64;
+	uint32_t *v = malloc(sizeof(*v) * cap);
+
+	if (!v)
+		return -2;
+	while (*s) {
+		char *end;
+		long long x;
+
+		while (*s && strchr(", \n\t\r", *s))
+			s++;
+		if (!*s)
+			break;
+		errno = 0;
+		x = strtoll(s, &end, 10);
+		if (end == s || errno || x < 0 || x > INT32_MAX ||
+		    (*end && !strchr(", \n\t\r", *end))) {
+			*bad = s;
+			free(v);
+			return -1;
+		}
+		if (n == cap) {
+			uint32_t *nv = realloc(v, sizeof(*v) * (cap *= 2));
+
+			if (!nv) {
+				free(v);
+				return -2;
+			}
+			v = nv;
+		}
+		v[n++] = (uint32_t)x;
+		s = end;
+	}
+	*out = v;
+	return (long)n;
+}
+
+static char *read_file(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL, *nb;
+	size_t n = 0, cap = 0, r;
+
+	if (!f)
+		return NULL;
+	for (;;) {
+		if (cap - n < 4096) {
+			nb = realloc(buf, cap = cap ? cap * 2 : 8192);
+			if (!nb) {
+				free(buf);
+				fclose(f);
+				return NULL;
+			}
+			buf = nb;
+		}
+		r = fread(buf + n, 1, cap - n - 1, f);
+		n += r;
+		if (r == 0)
+			break;
+	}
+	fclose(f);
+	buf[n] = '\0';
+	return buf;
+}
+
+static int parse_num(const char *s, double lo, double hi, double *out)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+static int parse_int(const char *s, double lo, double hi, double *out)
+{
+	return parse_num(s, lo, hi, out) || *out != floor(*out) ? -1 : 0;
+}
+
+/* Prints a double the way jansson does (%.17g, a ".0" on integral values, exponent without
+ * '+' or leading zeros), so the output is byte-for-byte comparable with sm70-run --json.
+ * Non-finite values, which JSON cannot express, become null. */
+static void put_real(double v)
+{
+	char b[64], *s, *end;
+
+	if (!isfinite(v)) {
+		fputs("null", stdout);
+		return;
+	}
+	snprintf(b, sizeof(b) - 2, "%.17g", v);
+	if (!strchr(b, '.') && !strchr(b, 'e'))
+		strcat(b, ".0");
+	s = strchr(b, 'e');
+	if (s) {
+		s++;
+		end = s + 1;
+		if (*s == '-')
+			s++;
+		while (*end == '0')
+			end++;
+		if (end != s)
+			memmove(s, end, strlen(end) + 1);
+	}
+	fputs(b, stdout);
+}
+
+static const char *finish_name(uint32_t reason)
+{
+	switch (reason) {
+	case SM70_REASON_STOP_EOS:
+	case SM70_REASON_STOP_TOKEN:
+		return "stop";
+	case SM70_REASON_LENGTH:
+		return "length";
+	case SM70_REASON_CANCELLED:
+		return "cancelled";
+	case SM70_REASON_DEADLINE:
+		return "deadline";
+	default:
+		return "error";
+	}
+}
+
+static int on_token(void *ctx, const struct sm70_event *ev)
+{
+	struct run *r = ctx;
+	double t = now_s();
+
+	if (r->n == 0)
+		r->t_first = t;
+	r->t_last = t;
+	if (r->n < r->cap) {
+		r->tokens[r->n] = ev->token;
+		r->logprobs[r->n] = ev->logprob;
+		r->n_tops[r->n] = ev->n_top;
+		memcpy(r->tops[r->n], ev->top, sizeof(ev->top[0]) * ev->n_top);
+		r->n++;
+	}
+	if (!r->json) {
+		printf("%s%u", r->n > 1 ? " " : "", ev->token);
+		fflush(stdout);
+	}
+	return 0;
+}
+
+static void print_json(const struct run *r, const struct sm70_result *res, double prefill_ms,
+		       double decode_tps)
+{
+	uint32_t i, k;
+
+	fputs("{\"tokens\":[", stdout);
+	for (i = 0; i < r->n; i++)
+		printf("%s%u", i ? "," : "", r->tokens[i]);
+	fputs("],\"logprobs\":[", stdout);
+	for (i = 0; i < r->n; i++) {
+		if (i)
+			putchar(',');
+		put_real(r->logprobs[i]);
+	}
+	fputs("],\"top_logprobs\":[", stdout);
+	for (i = 0; i < r->n; i++) {
+		fputs(i ? ",[" : "[", stdout);
+		for (k = 0; k < r->n_tops[i]; k++) {
+			printf("%s{\"id\":%u,\"logprob\":", k ? "," : "", r->tops[i][k].id);
+			put_real(r->tops[i][k].logprob);
+			putchar('}');
+		}
+		putchar(']');
+	}
+	printf("],\"finish_reason\":\"%s\",\"usage\":{\"prompt_tokens\":%u,"
+	       "\"completion_tokens\":%u},\"timing\":{\"prefill_ms\":",
+	       finish_name(res->finish_reason), res->usage.prompt_tokens,
+	       res->usage.completion_tokens);
+	put_real(prefill_ms);
+	fputs(",\"decode_tokens_per_s\":", stdout);
+	put_real(decode_tps);
+	fputs("}}\n", stdout);
+}
+
+int main(int argc, char **argv)
+{
+	enum { O_SOCK = 256, O_PIDS, O_PFILE, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_TOPLP, O_JSON,
+	       O_STOP, O_IGNEOS, O_PRIO, O_DEADLINE, O_IGNORED };
+	static const struct option lopts[] = {
+		{ "socket", required_argument, 0, O_SOCK },
+		{ "prompt-ids", required_argument, 0, O_PIDS },
+		{ "prompt-file", required_argument, 0, O_PFILE },
+		{ "max-new-tokens", required_argument, 0, 'n' },
+		{ "temperature", required_argument, 0, O_TEMP },
+		{ "top-k", required_argument, 0, O_TOPK },
+		{ "top-p", required_argument, 0, O_TOPP },
+		{ "seed", required_argument, 0, O_SEED },
+		{ "top-logprobs", required_argument, 0, O_TOPLP },
+		{ "json", no_argument, 0, O_JSON },
+		{ "stop-ids", required_argument, 0, O_STOP },
+		{ "ignore-eos", no_argument, 0, O_IGNEOS },
+		{ "priority", required_argument, 0, O_PRIO },
+		{ "deadline-ms", required_argument, 0, O_DEADLINE },
+		/* sm70-run's model options, so one command line works with both tools */
+		{ "model", required_argument, 0, 'm' },
+		{ "backend", required_argument, 0, O_IGNORED },
+		{ "load-format", required_argument, 0, O_IGNORED },
+		{ "threads", required_argument, 0, O_IGNORED },
+		{ "block-size", required_argument, 0, O_IGNORED },
+		{ "kv-blocks", required_argument, 0, O_IGNORED },
+		{ "max-batch-tokens", required_argument, 0, O_IGNORED },
+		{ "kv-dtype", required_argument, 0, O_IGNORED },
+		{ "help", no_argument, 0, 'h' },
+		{ 0, 0, 0, 0 },
+	};
+	struct sm70_job job;
+	struct sm70_result res = { .size = sizeof(res) };
+	struct sm70_client *c = NULL;
+	struct run r = { 0 };
+	const char *sock = NULL, *pids = NULL, *pfile = NULL, *bad = NULL;
+	char *file_text = NULL;
+	uint32_t *prompt = NULL, *stops = NULL;
+	long n;
+	double v;
+	int opt, ret, rc = 1;
+
+	sm70_job_init(&job);
+	job.flags = SM70_JOB_SEED; /* seed 0 unless --seed, like sm70-run */
+	while ((opt = getopt_long(argc, argv, "m:n:h", lopts, NULL)) != -1) {
+		switch (opt) {
+		case O_SOCK:
+			sock = optarg;
+			break;
+		case O_PIDS:
+			pids = optarg;
+			break;
+		case O_PFILE:
+			pfile = optarg;
+			break;
+		case 'n':
+			if (parse_int(optarg, 1, UINT32_MAX, &v))
+				return die_usage("-n wants a positive integer, not '%s'", optarg);
+			job.max_tokens = (uint32_t)v;
+			break;
+		case O_TEMP:
+			if (parse_num(optarg, 0, 1e6, &v))
+				return die_usage("--temperature wants a number >= 0, not '%s'",
+							 optarg);
+			job.temperature = (float)v;
+			break;
+		case O_TOPK:
+			if (parse_int(optarg, 0, INT32_MAX, &v))
+				return die_usage("--top-k wants an integer >= 0, not '%s'", optarg);
+			job.top_k = (int32_t)v;
+			break;
+		case O_TOPP:
+			if (parse_num(optarg, 0, 1, &v) || v <= 0)
+				return die_usage("--top-p wants a number in (0, 1], not '%s'",
+							 optarg);
+			job.top_p = (float)v;
+			break;
+		case O_SEED: {
+			char *end;
+
+			errno = 0;
+			job.seed = strtoull(optarg, &end, 10);
+			if (end == optarg || *end || errno || optarg[0] == '-')
+				return die_usage("--seed wants an unsigned integer, not '%s'",
+							 optarg);
+			break;
+		}
+		case O_TOPLP:
+			if (parse_int(optarg, 0, SM70_MAX_TOP_LOGPROBS, &v))
+				return die_usage("--top-logprobs wants an integer 0..8, not '%s'",
+						 optarg);
+			job.top_logprobs = (uint32_t)v;
+			break;
+		case O_JSON:
+			r.json = 1;
+			break;
+		case O_STOP:
+			n = parse_ids(optarg, &stops, &bad);
+			if (n < 0 || n > SM70_MAX_STOP)
+				return die_usage("--stop-ids wants up to 8 token ids, not '%s'",
+							 optarg);
+			memcpy(job.stop, stops, sizeof(*stops) * (size_t)n);
+			job.n_stop = (uint32_t)n;
+			free(stops);
+			break;
+		case O_IGNEOS:
+			job.flags |= SM70_JOB_IGNORE_EOS;
+			break;
+		case O_PRIO:
+			if (parse_int(optarg, 0, 255, &v))
+				return die_usage("--priority wants an integer 0..255, not '%s'",
+							 optarg);
+			job.priority = (uint32_t)v;
+			break;
+		case O_DEADLINE:
+			if (parse_int(optarg, 0, UINT32_MAX, &v))
+				return die_usage("--deadline-ms wants an integer >= 0, not '%s'",
+							 optarg);
+			job.deadline_ms = (uint32_t)v;
+			break;
+		case 'm':
+		case O_IGNORED:
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc)
+		return die_usage("unexpected argument '%s'", argv[optind]);
+	if (!pids == !pfile)
+		return die_usage("%s", "give exactly one of --prompt-ids and --prompt-file");
+	if (pfile) {
+		file_text = read_file(pfile);
+		if (!file_text) {
+			fprintf(stderr, "sm70-generate: cannot read prompt file %s: %s\n", pfile,
+				strerror(errno));
+			return 2;
+		}
+		pids = file_text;
+	}
+	n = parse_ids(pids, &prompt, &bad);
+	if (n == -1) {
+		fprintf(stderr, "sm70-generate: bad token id in the prompt near '%.20s'\n",
+			bad ? bad : "");
+		rc = 2;
+		goto out;
+	}
+	if (n < 0)
+		goto out;
+	if (n == 0) {
+		fprintf(stderr, "sm70-generate: the prompt is empty\n");
+		rc = 2;
+		goto out;
+	}
+	job.prompt = prompt;
+	job.prompt_len = (uint32_t)n;
+
+	r.cap = job.max_tokens < 1u << 20 ? job.max_tokens : 1u << 20;
+	r.tokens = malloc(sizeof(*r.tokens) * r.cap);
+	r.logprobs = malloc(sizeof(*r.logprobs) * r.cap);
+	r.tops = malloc(sizeof(*r.tops) * r.cap);
+	r.n_tops = malloc(sizeof(*r.n_tops) * r.cap);
+	if (!r.tokens || !r.logprobs || !r.tops || !r.n_tops) {
+		fprintf(stderr, "sm70-generate: out of memory\n");
+		goto out;
+	}
+
+	ret = sm70_client_connect(&c, sock, NULL);
+	if (ret) {
+		fprintf(stderr, "sm70-generate: %s\n",
+			c && sm70_client_last_error(c)[0] ? sm70_client_last_error(c) :
+							     sm70_strerror(ret));
+		rc = ret == -ENOENT || ret == -ECONNREFUSED ? 3 : 1;
+		goto out;
+	}
+	r.t_submit = now_s();
+	ret = sm70_generate(c, &job, on_token, &r, &res);
+	if (!r.json && r.n)
+		putchar('\n');
+	if (ret && res.job_id == 0) { /* never submitted */
+		fprintf(stderr, "sm70-generate: %s\n", sm70_strerror(ret));
+		rc = ret == -EINVAL || ret == -E2BIG ? 2 : 1;
+		goto out;
+	}
+	if (ret == -SM70_E_INVALID || ret == -SM70_E_TOO_LARGE) {
+		fprintf(stderr, "sm70-generate: sm70d refused the job: %s\n", res.message);
+		rc = 2;
+		goto out;
+	}
+
+	double prefill_ms = r.n ? (r.t_first - r.t_submit) * 1e3 : 0;
+	double decode_tps = r.n > 1 && r.t_last > r.t_first ?
+		(double)(r.n - 1) / (r.t_last - r.t_first) : 0;
+	if (r.json)
+		print_json(&r, &res, prefill_ms, decode_tps);
+	else
+		fprintf(stderr, "sm70-generate: %u tokens, finish %s, prefill %.1f ms, decode %.1f "
+			"tokens/s\n", r.n, finish_name(res.finish_reason), prefill_ms, decode_tps);
+	if (ret) {
+		fprintf(stderr, "sm70-generate: the job failed: %s (%s)\n", sm70_strerror(ret),
+			res.message);
+		goto out;
+	}
+	rc = 0;
+out:
+	sm70_client_close(c);
+	free(r.tokens);
+	free(r.logprobs);
+	free(r.tops);
+	free(r.n_tops);
+	free(prompt);
+	free(file_text);
+	return rc;
+}
