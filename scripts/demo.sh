@@ -1,16 +1,36 @@
 #!/bin/sh
-# Installs what is missing, builds, and generates a completion from the bundled model
-# on the CPU backend, streaming token ids as they are produced.
-# Usage: scripts/demo.sh [extra sm70-run flags]
+# Installs what is missing, builds, starts the daemon sm70d on the bundled model (CPU
+# backend) and streams a completion to a client (sm70-generate, built on libsm70client)
+# through the shared-memory rings; then the same request as JSON, then a clean shutdown.
+# Usage: scripts/demo.sh
 set -eu
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 
 scripts/install-deps.sh
-scons -Q -j"$jobs" build/bin/sm70-run
+scons -Q -j"$jobs" build/bin/sm70d build/bin/sm70-generate build/bin/sm70-run
+
 MODEL=tests/fixtures/qwen3-gqa2-d64-tied
-echo "== sm70-run on $MODEL (CPU backend): prompt 1,2,3,4,5, 32 new tokens, seeded sampling"
-build/bin/sm70-run -m "$MODEL" --prompt-ids 1,2,3,4,5 -n 32 --temperature 0.8 --top-k 40 \
-	--top-p 0.95 --seed 7 "$@"
-echo "== the same, greedy, as JSON"
-build/bin/sm70-run -m "$MODEL" --prompt-ids 1,2,3,4,5 -n 8 --top-logprobs 2 --json
+DIR=$(mktemp -d)
+SOCK="$DIR/sm70d.sock"
+build/bin/sm70d --model "$MODEL" --backend cpu --socket "$SOCK" 2>"$DIR/sm70d.log" &
+DAEMON=$!
+trap 'kill $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null; rm -rf "$DIR"' EXIT
+
+i=0
+until [ -S "$SOCK" ]; do
+	i=$((i + 1))
+	if [ $i -gt 100 ] || ! kill -0 $DAEMON 2>/dev/null; then
+		echo "sm70d did not start:" >&2; cat "$DIR/sm70d.log" >&2; exit 1
+	fi
+	sleep 0.1
+done
+echo "== sm70d serves $MODEL on $SOCK (pid $DAEMON)"
+echo "== streaming 32 tokens (temperature 0.8, top-k 40, top-p 0.95, seed 7):"
+build/bin/sm70-generate --socket "$SOCK" --prompt-ids 1,2,3,4,5 -n 32 --temperature 0.8 \
+	--top-k 40 --top-p 0.95 --seed 7
+echo "== the same prompt, greedy, as JSON:"
+build/bin/sm70-generate --socket "$SOCK" --prompt-ids 1,2,3,4,5 -n 8 --top-logprobs 2 --json
+kill -TERM $DAEMON
+wait $DAEMON && echo "== sm70d drained and exited 0"
+trap 'rm -rf "$DIR"' EXIT

@@ -432,8 +432,10 @@ int main(int argc, char **argv)
 	}
 	r.t_submit = now_s();
 	ret = sm70_generate(c, &job, on_token, &r, &res);
-	if (!r.json && r.n)
+	if (!r.json && r.n) {
 		putchar('\n');
+		fflush(stdout); /* before the summary on stderr */
+	}
 	if (ret && res.job_id == 0) { /* never submitted */
 		fprintf(stderr, "sm70-generate: %s\n", sm70_strerror(ret));
 		rc = ret == -EINVAL || ret == -E2BIG ? 2 : 1;
