@@ -172,7 +172,12 @@ int sm70_backend_cpu_create(struct sm70_backend **out, int n_threads, struct sm7
  * without CUDA or no device is usable (err says which). */
 int sm70_backend_cuda_create(struct sm70_backend **out, int device, struct sm70_err *err);
 
-/* Destroys a backend made by either constructor (NULL is fine). */
+/* Creates the null backend: a test double that computes nothing. Every op is a no-op and
+ * `sample` emits a deterministic token (a function of the row's seed and n) at once, so
+ * the daemon's transport can be measured alone (sm70-bench ipc). Never for real use. */
+int sm70_backend_null_create(struct sm70_backend **out, struct sm70_err *err);
+
+/* Destroys a backend made by any constructor (NULL is fine). */
 void sm70_backend_destroy(struct sm70_backend *be);
 
 #endif

@@ -130,6 +130,8 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 		ret = sm70_backend_cpu_create(&e->be, opts->n_threads, err);
 	else if (strcmp(opts->backend, "cuda") == 0)
 		ret = sm70_backend_cuda_create(&e->be, opts->cuda_device, err);
+	else if (strcmp(opts->backend, "null") == 0)
+		ret = sm70_backend_null_create(&e->be, err);
 	else
 		ret = sm70_errf(err, -EINVAL, "unknown backend '%s' (expected cpu or cuda)",
 				opts->backend);
@@ -364,6 +366,7 @@ void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats
 	s->waiting = e->n_waiting;
 	s->kv_blocks_free = sm70_block_pool_available(&e->pool);
 	s->prefix_evictions = e->pool.evictions;
+	s->weight_bytes = e->model->arch->weight_bytes(e->model, e->model->arch_state);
 }
 
 static void emit_final(struct sm70_engine *e, struct seq *s, enum sm70_finish f,
@@ -482,6 +485,8 @@ static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		e->stats.prefix_hit_tokens += (uint64_t)s->n_cached;
 		for (int i = hits; i < need; i++)
 			seq_add_block(e, s); /* cannot fail: checked above */
+		if (s->req.bench_skip_prefill)
+			s->n_cached = s->n_toks - 1;
 		e->running[e->n_running++] = s;
 	}
 	return n_ev;

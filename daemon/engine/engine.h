@@ -38,7 +38,7 @@ enum sm70_finish {
 };
 
 struct sm70_engine_opts {
-	const char *backend;      /* "cpu" or "cuda" */
+	const char *backend;      /* "cpu", "cuda", or "null" (a transport test double) */
 	int dummy_weights;        /* --load-format dummy */
 	uint64_t dummy_seed;
 	int n_threads;            /* CPU backend workers; 0: all cores */
@@ -61,6 +61,10 @@ struct sm70_request {
 	int32_t stop_ids[SM70_MAX_STOP_TOKENS];
 	int ignore_eos;
 	uint64_t tag;             /* returned in every event */
+	/* Benchmarks only (the daemon never sets it): take all but the last prompt token as
+	 * already in the KV cache, whatever the cache holds, so decode at a long context can
+	 * be timed without paying for its prefill. */
+	int bench_skip_prefill;
 };
 
 struct sm70_event {
@@ -88,6 +92,7 @@ struct sm70_engine_stats {
 	uint64_t computed_tokens; /* tokens run through the model */
 	uint64_t prefix_hit_tokens; /* tokens whose KV the prefix cache supplied */
 	uint64_t prefix_evictions;
+	uint64_t weight_bytes;    /* bytes of weights one decode step reads */
 };
 
 struct sm70_engine;

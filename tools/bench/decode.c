@@ -1,0 +1,203 @@
+/*
+ * decode.c - `sm70-bench decode`: end-to-end decode throughput of the engine on a model
+ * directory (real or --load-format dummy weights), for several batch sizes and contexts,
+ * with the fraction of the memory roofline reached.
+ *
+ * Method: B requests whose prompts are `ctx` tokens long are admitted with their prefill
+ * skipped (bench_skip_prefill: the KV cache holds whatever it holds; decode reads it all
+ * the same), warmed up for a few steps, then `steps` decode steps are timed with the
+ * monotonic clock (each step ends with the download of its sampled tokens, so the time is
+ * the device time plus the host's share). The roofline of one step is the bytes it must
+ * read, weights + every sequence's KV, divided by the read bandwidth passed with --bw-gbs
+ * (measure it in the same run with `sm70-bench bw`), or, without it, reported as bytes
+ * per second only.
+ *
+ * Non-goals: prefill speed, time to first token (sm70-run's timing covers those).
+ */
+#include "tools/bench/decode.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/engine/engine.h"
+
+struct count {
+	int tokens;
+	int finished;
+};
+
+static void on_event(void *ctx, const struct sm70_event *ev)
+{
+	struct count *c = ctx;
+
+	if (ev->sample.token >= 0)
+		c->tokens++;
+	if (ev->finish)
+		c->finished++;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int parse_list(const char *s, int *out, int max)
+{
+	int n = 0;
+
+	while (*s && n < max) {
+		char *end;
+		long v = strtol(s, &end, 10);
+		if (end == s || v <= 0)
+			return -1;
+		out[n++] = (int)v;
+		s = *end == ',' ? end + 1 : end;
+		if (*end && *end != ',')
+			return -1;
+	}
+	return n;
+}
+
+static void usage(void)
+{
+	fprintf(stderr,
+		"usage: sm70-bench decode -m MODEL_DIR [--backend cuda|cpu] [--load-format "
+		"auto|dummy]\n"
+		"         [--batch 1,8,16] [--ctx 1024,16384] [--steps N] [--kv-dtype f16|fp8|f32]\n"
+		"         [--kv-gib G] [--bw-gbs GBPS]\n");
+}
+
+/* One configuration: returns 0 and fills tok/s and bytes per step. */
+static int run_one(const char *model, const struct sm70_engine_opts *eo, int batch, int ctx,
+		   int steps, double *tps, double *step_bytes, double *weight_bytes)
+{
+	struct sm70_engine *e = NULL;
+	struct sm70_err err = { { 0 } };
+	struct count c = { 0, 0 };
+	int32_t *prompt = NULL;
+	int ret, warm = 3;
+	double t0;
+
+	ret = sm70_engine_open(&e, model, eo, &err);
+	if (ret) {
+		fprintf(stderr, "sm70-bench decode: %s\n", err.msg);
+		return ret;
+	}
+	prompt = malloc(sizeof(int32_t) * (size_t)ctx);
+	if (!prompt) {
+		ret = -1;
+		goto out;
+	}
+	for (int i = 0; i < ctx; i++)
+		prompt[i] = (int32_t)((i * 7919u + 13u) % 1000u);
+	for (int b = 0; b < batch; b++) {
+		uint64_t id;
+		struct sm70_request r = {
+			.prompt = prompt, .n_prompt = ctx, .max_new_tokens = warm + steps + 1,
+			.ignore_eos = 1, .sampling = { .temperature = 1.0f, .top_k = 20,
+			.top_p = 0.95f, .seed = (uint64_t)b }, .bench_skip_prefill = 1,
+		};
+		prompt[0] = b; /* distinct prompts: no prefix sharing */
+		ret = sm70_engine_submit(e, &r, &id, &err);
+		if (ret) {
+			fprintf(stderr, "sm70-bench decode: %s\n", err.msg);
+			goto out;
+		}
+	}
+	for (int i = 0; i < warm; i++)
+		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
+			goto out;
+	c.tokens = 0;
+	t0 = now_s();
+	for (int i = 0; i < steps; i++)
+		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
+			goto out;
+	*tps = c.tokens / (now_s() - t0);
+	{
+		const struct sm70_model_config *mc = sm70_engine_model_config(e);
+		double kv_tok = 2.0 * mc->n_layers * mc->n_kv_heads * mc->head_dim *
+				(eo->kv_dtype == SM70_DTYPE_F8E4M3 ? 1 : eo->kv_dtype ==
+				 SM70_DTYPE_F32 ? 4 : 2);
+		struct sm70_engine_stats st;
+		sm70_engine_get_stats(e, &st);
+		*weight_bytes = (double)st.weight_bytes;
+		/* mean context over the timed steps */
+		*step_bytes = *weight_bytes + batch * kv_tok * (ctx + warm + steps / 2.0);
+	}
+	ret = 0;
+out:
+	free(prompt);
+	sm70_engine_close(e);
+	return ret < 0 ? ret : 0;
+}
+
+int sm70__bench_decode(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{ "model", required_argument, 0, 'm' }, { "backend", required_argument, 0, 'b' },
+		{ "load-format", required_argument, 0, 'l' }, { "batch", required_argument, 0, 'B' },
+		{ "ctx", required_argument, 0, 'c' }, { "steps", required_argument, 0, 's' },
+		{ "kv-dtype", required_argument, 0, 'k' }, { "kv-gib", required_argument, 0, 'g' },
+		{ "bw-gbs", required_argument, 0, 'w' }, { 0, 0, 0, 0 },
+	};
+	struct sm70_engine_opts eo;
+	const char *model = NULL;
+	int batches[8] = { 1, 8, 16 }, n_b = 3, ctxs[8] = { 1024, 16384 }, n_c = 2, steps = 32;
+	double kv_gib = 48, bw = 0;
+	int o;
+
+	sm70_engine_opts_default(&eo);
+	eo.backend = "cuda";
+	eo.dummy_weights = 1;
+	eo.kv_dtype = SM70_DTYPE_F16;
+	optind = 1;
+	while ((o = getopt_long(argc, argv, "m:", lo, NULL)) != -1) {
+		switch (o) {
+		case 'm': model = optarg; break;
+		case 'b': eo.backend = optarg; break;
+		case 'l': eo.dummy_weights = strcmp(optarg, "dummy") == 0; break;
+		case 'B': n_b = parse_list(optarg, batches, 8); break;
+		case 'c': n_c = parse_list(optarg, ctxs, 8); break;
+		case 's': steps = atoi(optarg); break;
+		case 'g': kv_gib = atof(optarg); break;
+		case 'w': bw = atof(optarg); break;
+		case 'k':
+			eo.kv_dtype = strcmp(optarg, "fp8") == 0 ? SM70_DTYPE_F8E4M3 :
+				      strcmp(optarg, "f32") == 0 ? SM70_DTYPE_F32 : SM70_DTYPE_F16;
+			break;
+		default: usage(); return 2;
+		}
+	}
+	if (!model || n_b < 1 || n_c < 1 || steps < 1 || kv_gib <= 0) {
+		usage();
+		return 2;
+	}
+	eo.kv_bytes = (size_t)(kv_gib * (1u << 30));
+	printf("decode: %s, backend %s, %s weights, KV %s, %d timed steps\n", model, eo.backend,
+	       eo.dummy_weights ? "dummy" : "checkpoint", sm70_dtype_name(eo.kv_dtype), steps);
+	printf("%6s %7s %12s %12s %14s %10s\n", "batch", "ctx", "tokens/s", "step ms",
+	       "GB read/step", bw > 0 ? "roofline" : "GB/s");
+	for (int i = 0; i < n_b; i++) {
+		for (int j = 0; j < n_c; j++) {
+			double tps = 0, bytes = 0, wbytes = 0;
+			eo.max_seqs = batches[i] < 16 ? 16 : batches[i];
+			if (run_one(model, &eo, batches[i], ctxs[j], steps, &tps, &bytes, &wbytes))
+				return 1;
+			double step_s = batches[i] / tps;
+			double gbs = bytes / step_s / 1e9;
+			if (bw > 0)
+				printf("%6d %7d %12.1f %12.3f %14.2f %9.1f%%\n", batches[i], ctxs[j],
+				       tps, step_s * 1e3, bytes / 1e9, 100.0 * gbs / bw);
+			else
+				printf("%6d %7d %12.1f %12.3f %14.2f %10.0f\n", batches[i], ctxs[j],
+				       tps, step_s * 1e3, bytes / 1e9, gbs);
+		}
+	}
+	return 0;
+}
