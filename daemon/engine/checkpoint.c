@@ -417,18 +417,6 @@ const struct sm70_st_tensor *sm70_ckpt_find(const struct sm70_ckpt *c, const cha
 	return hit ? hit->t : NULL;
 }
 
-/* Writes "[a, b, c]" into buf (always terminated, truncated if it does not fit). */
-static void format_shape(char *buf, size_t size, int ndim, const int64_t *shape)
-{
-	size_t used = (size_t)snprintf(buf, size, "[");
-
-	for (int i = 0; i < ndim && used < size; i++)
-		used += (size_t)snprintf(buf + used, size - used, "%s%" PRId64, i ? ", " : "",
-					 shape[i]);
-	if (used < size)
-		snprintf(buf + used, size - used, "]");
-}
-
 int sm70_ckpt_get(const struct sm70_ckpt *c, const char *name, int ndim, const int64_t *shape,
 		  const struct sm70_st_tensor **out, struct sm70_err *err)
 {
@@ -444,8 +432,8 @@ int sm70_ckpt_get(const struct sm70_ckpt *c, const char *name, int ndim, const i
 	for (int i = 0; same && i < ndim; i++)
 		same = t->shape[i] == shape[i];
 	if (!same) {
-		format_shape(have, sizeof(have), t->ndim, t->shape);
-		format_shape(want, sizeof(want), ndim < 0 ? 0 : ndim, shape);
+		sm70_st_format_shape(have, sizeof(have), t->ndim, t->shape);
+		sm70_st_format_shape(want, sizeof(want), ndim < 0 ? 0 : ndim, shape);
 		return sm70_errf(err, -EINVAL, "tensor %s in %s has shape %s, expected %s", name,
 				 t->file, have, want);
 	}

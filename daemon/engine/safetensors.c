@@ -28,8 +28,7 @@
  * product of wrapped-around factors; the element count itself is checked for overflow. */
 #define ST_MAX_DIM ((int64_t)1 << 48)
 
-/* Writes "[a, b, c]" into buf (always terminated, truncated if it does not fit). */
-static void format_shape(char *buf, size_t size, int ndim, const int64_t *shape)
+void sm70_st_format_shape(char *buf, size_t size, int ndim, const int64_t *shape)
 {
 	size_t used = (size_t)snprintf(buf, size, "[");
 
@@ -147,7 +146,7 @@ static int parse_entry(struct sm70_st_tensor *t, const char *path, const char *n
 				 "] run past the end of the data (%" PRIu64 " bytes)",
 				 path, name, begin, end, data_len);
 	if (end - begin != bytes) {
-		format_shape(shape_str, sizeof(shape_str), t->ndim, t->shape);
+		sm70_st_format_shape(shape_str, sizeof(shape_str), t->ndim, t->shape);
 		return sm70_errf(err, -EINVAL,
 				 "%s: tensor '%s' of dtype %s and shape %s needs %" PRIu64
 				 " bytes, but data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64,

@@ -48,4 +48,7 @@ void sm70_st_close(struct sm70_st_file *f);
 /* Tensor named name, or NULL. O(log n). */
 const struct sm70_st_tensor *sm70_st_find(const struct sm70_st_file *f, const char *name);
 
+/* Writes "[a, b, c]" into buf (always terminated, truncated if it does not fit). */
+void sm70_st_format_shape(char *buf, size_t size, int ndim, const int64_t *shape);
+
 #endif
