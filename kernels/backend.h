@@ -148,6 +148,16 @@ struct sm70_backend_ops {
 	 * gets token -1. */
 	void (*sample)(struct sm70_backend *be, struct sm70_sample_result *out,
 		       const float *logits, const struct sm70_sample_row *rows, int n, int vocab);
+
+	/* Optional graph capture (NULL: not supported). Between graph_begin and graph_end the
+	 * ops called are recorded, not run; graph_end returns a handle that graph_launch
+	 * replays. A replay runs the same ops with the same scalar arguments over the same
+	 * buffers, whose contents may have changed. No upload, download or sync may happen
+	 * while capturing. Each returns 0 or -errno. */
+	int (*graph_begin)(struct sm70_backend *be);
+	int (*graph_end)(struct sm70_backend *be, void **graph);
+	int (*graph_launch)(struct sm70_backend *be, void *graph);
+	void (*graph_destroy)(struct sm70_backend *be, void *graph);
 };
 
 struct sm70_backend {

@@ -367,6 +367,8 @@ void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats
 	s->kv_blocks_free = sm70_block_pool_available(&e->pool);
 	s->prefix_evictions = e->pool.evictions;
 	s->weight_bytes = e->model->arch->weight_bytes(e->model, e->model->arch_state);
+	s->graph_replays = e->model->graph_replays;
+	s->graph_captures = e->model->graph_captures;
 }
 
 static void emit_final(struct sm70_engine *e, struct seq *s, enum sm70_finish f,

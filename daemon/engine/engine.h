@@ -93,6 +93,8 @@ struct sm70_engine_stats {
 	uint64_t prefix_hit_tokens; /* tokens whose KV the prefix cache supplied */
 	uint64_t prefix_evictions;
 	uint64_t weight_bytes;    /* bytes of weights one decode step reads */
+	uint64_t graph_replays;   /* decode steps replayed as captured graphs */
+	uint64_t graph_captures;
 };
 
 struct sm70_engine;

@@ -86,7 +86,8 @@ static int alloc_kv(struct sm70_model *m, struct sm70_err *err)
 	m->kv_lay.block_size = m->opts.block_size;
 	m->kv_lay.n_kv_heads = m->cfg.n_kv_heads;
 	m->kv_lay.head_dim = m->cfg.head_dim;
-	layer_bytes = (size_t)n * m->opts.block_size * m->cfg.n_kv_heads * m->cfg.head_dim *
+	/* one block more than the pool: the scratch block padding rows of graphs write to */
+	layer_bytes = (size_t)(n + 1) * m->opts.block_size * m->cfg.n_kv_heads * m->cfg.head_dim *
 		      sm70_dtype_size(m->opts.kv_dtype);
 
 	m->kv = calloc((size_t)m->cfg.n_layers, sizeof(*m->kv));
@@ -158,6 +159,16 @@ int sm70_model_load(struct sm70_model **out, const struct sm70_ckpt *ck,
 	ret = m->arch->load(m, ck, &m->arch_state, err);
 	if (ret)
 		goto fail;
+	if (be->ops->graph_begin && be->ops->sample) {
+		const char *g = getenv("SM70_GRAPHS");
+		m->graphs_on = !(g && strcmp(g, "0") == 0);
+		m->pad_host = malloc(sizeof(int32_t) * bo.total +
+				     sizeof(struct sm70_sample_row) * (size_t)opts->max_seqs);
+		if (!m->pad_host) {
+			ret = -ENOMEM;
+			goto fail;
+		}
+	}
 	*out = m;
 	return 0;
 fail:
@@ -172,6 +183,9 @@ void sm70_model_free(struct sm70_model *m)
 	if (!m)
 		return;
 	be = m->be;
+	for (int i = 0; i < m->n_graphs; i++)
+		be->ops->graph_destroy(be, m->graphs[i].exec);
+	free(m->pad_host);
 	if (m->arch && m->arch_state)
 		m->arch->unload(m, m->arch_state);
 	if (m->kv) {
@@ -259,14 +273,120 @@ int sm70_model_forward(struct sm70_model *m, const struct sm70_step *st, float *
 	return be->ops->sync(be);
 }
 
+/* The padded batch size a decode-only step of n sequences replays, or 0 for none. */
+static int graph_batch(const struct sm70_model *m, const struct sm70_step *st)
+{
+	int b = 1;
+
+	if (!m->graphs_on || st->n_tokens != st->n_seqs || st->n_out != st->n_tokens)
+		return 0;
+	for (int i = 0; i < st->n_out; i++)
+		if (st->out_rows[i] != i || st->tok_seq[i] != i)
+			return 0;
+	while (b < st->n_tokens)
+		b *= 2;
+	return b <= 16 && b <= m->opts.max_seqs ? b : 0;
+}
+
+/*
+ * A decode-only step as a graph replay: the step is padded to B rows (padding rows are
+ * greedy, at position 0 of a scratch block) and its context rounded up to a power-of-two
+ * bucket, so that every scalar the kernels see is the same at each replay of (B, bucket);
+ * only buffer contents change.
+ */
+static int forward_sample_graph(struct sm70_model *m, const struct sm70_step *st, int B,
+				const struct sm70_sample_row *rows,
+				struct sm70_sample_result *out)
+{
+	struct sm70_backend *be = m->be;
+	struct batch_offsets bo = batch_layout(m);
+	int32_t *h = m->pad_host, *base = m->batch_buf;
+	struct sm70_sample_row *hr = (struct sm70_sample_row *)(h + bo.total);
+	int bs = m->opts.block_size, scratch = m->kv_lay.n_blocks, bucket = 512, mb, ret;
+	struct sm70_graph *g = NULL;
+
+	while (bucket < st->max_pos)
+		bucket *= 2;
+	if (bucket > m->cfg.max_position)
+		bucket = m->cfg.max_position;
+	mb = (bucket + bs - 1) / bs;
+	if (mb > max_blocks_per_seq(m) || st->max_blocks > mb)
+		return -EAGAIN; /* not replayable: the caller runs it eagerly */
+
+	for (int i = 0; i < B; i++) {
+		int real = i < st->n_tokens;
+		int32_t *row = h + bo.tables + (size_t)i * mb;
+
+		h[bo.ids + i] = real ? st->tok_ids[i] : 0;
+		h[bo.pos + i] = real ? st->tok_pos[i] : 0;
+		h[bo.seq + i] = i;
+		h[bo.slot + i] = real ? st->tok_slot[i] : scratch * bs;
+		h[bo.out + i] = i;
+		memset(row, 0, sizeof(int32_t) * (size_t)mb);
+		if (real)
+			memcpy(row, st->block_tables + (size_t)i * st->max_blocks,
+			       sizeof(int32_t) * (size_t)st->max_blocks);
+		else
+			row[0] = scratch;
+		hr[i] = real ? rows[i] : (struct sm70_sample_row){ .top_p = 1.0f };
+	}
+	be->ops->upload(be, base + bo.ids, h + bo.ids, sizeof(int32_t) * (size_t)B);
+	be->ops->upload(be, base + bo.pos, h + bo.pos, sizeof(int32_t) * (size_t)B);
+	be->ops->upload(be, base + bo.seq, h + bo.seq, sizeof(int32_t) * (size_t)B);
+	be->ops->upload(be, base + bo.slot, h + bo.slot, sizeof(int32_t) * (size_t)B);
+	be->ops->upload(be, base + bo.out, h + bo.out, sizeof(int32_t) * (size_t)B);
+	be->ops->upload(be, base + bo.tables, h + bo.tables, sizeof(int32_t) * (size_t)B * mb);
+	be->ops->upload(be, m->sample_rows, hr, sizeof(*hr) * (size_t)B);
+
+	for (int i = 0; i < m->n_graphs; i++)
+		if (m->graphs[i].batch == B && m->graphs[i].bucket == bucket)
+			g = &m->graphs[i];
+	if (!g) {
+		void *exec = NULL;
+		if (m->n_graphs == (int)(sizeof(m->graphs) / sizeof(m->graphs[0])))
+			return -EAGAIN;
+		m->batch = (struct sm70_batch){
+			.n_tokens = B, .n_seqs = B, .max_blocks = mb, .max_pos = bucket,
+			.tok_ids = base + bo.ids, .tok_pos = base + bo.pos, .tok_seq = base + bo.seq,
+			.tok_slot = base + bo.slot, .block_tables = base + bo.tables,
+			.n_out = B, .out_rows = base + bo.out,
+		};
+		ret = be->ops->graph_begin(be);
+		if (ret)
+			return ret;
+		m->arch->forward(m, m->arch_state);
+		be->ops->sample(be, m->sample_out, m->logits, m->sample_rows, B, m->cfg.vocab_size);
+		ret = be->ops->graph_end(be, &exec);
+		if (ret)
+			return ret;
+		g = &m->graphs[m->n_graphs++];
+		*g = (struct sm70_graph){ .batch = B, .bucket = bucket, .exec = exec };
+		m->graph_captures++;
+	}
+	ret = be->ops->graph_launch(be, g->exec);
+	if (ret)
+		return ret;
+	m->graph_replays++;
+	ret = be->ops->download(be, out, m->sample_out, sizeof(*out) * (size_t)st->n_out);
+	if (ret)
+		return ret;
+	return be->ops->sync(be);
+}
+
 int sm70_model_forward_sample(struct sm70_model *m, const struct sm70_step *st,
 			      const struct sm70_sample_row *rows, struct sm70_sample_result *out)
 {
 	struct sm70_backend *be = m->be;
-	int ret;
+	int B, ret;
 
 	if (!be->ops->sample)
 		return -EOPNOTSUPP;
+	B = graph_batch(m, st);
+	if (B && check_step(m, st) == 0) {
+		ret = forward_sample_graph(m, st, B, rows, out);
+		if (ret != -EAGAIN)
+			return ret;
+	}
 	ret = run_step(m, st);
 	if (ret)
 		return ret;

@@ -83,6 +83,19 @@ struct sm70_model {
 	struct sm70_sample_row *sample_rows;     /* backend memory [max_seqs], when the */
 	struct sm70_sample_result *sample_out;   /* backend samples on the device */
 	uint64_t clamped_values;  /* weights clamped to the f16 range while loading */
+
+	/* Decode-only steps replayed as captured graphs (backends with graph ops, unless
+	 * SM70_GRAPHS=0): one per (padded batch, context bucket), made on first use. Padding
+	 * rows write their K/V into a scratch block past the pool (id kv_lay.n_blocks). */
+	int graphs_on;
+	int n_graphs;
+	struct sm70_graph {
+		int batch;
+		int bucket;
+		void *exec;
+	} graphs[128];
+	uint64_t graph_replays, graph_captures;
+	int32_t *pad_host;        /* host staging for a padded step */
 };
 
 /* Loads a model from an open checkpoint onto be. Returns 0 or -errno with err set. */
