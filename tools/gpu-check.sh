@@ -1,6 +1,8 @@
 #!/bin/sh
 # gpu-check.sh - builds sm70 with CUDA and runs the GPU tests (tests/gpu) on a GPU machine.
-# Run from the repository root. Prints each test's output, then one PASS/FAIL table.
+# Run from the repository root. Prints each test's output, then one PASS/FAIL table:
+# every tests/gpu binary, then the reference fixtures end to end on the CUDA backend
+# (graphs on, and eager with SM70_GRAPHS=0).
 #
 #   tools/gpu-check.sh             scons -j16 CUDA=1 CUDA_ARCHS=${CUDA_ARCHS:-90}, then run
 #   tools/gpu-check.sh --no-build  run what build/tests-gpu already holds (a prebuilt tree)
@@ -28,13 +30,12 @@ fi
 table=""
 fail=0
 n=0
-for t in "$B"/tests-gpu/test_*; do
-	[ -x "$t" ] || continue
+run_one() { # NAME COMMAND...
+	name=$1; shift
 	n=$((n + 1))
-	name=$(basename "$t")
 	echo "== $name"
 	start=$(date +%s)
-	"$t"
+	"$@"
 	rc=$?
 	secs=$(( $(date +%s) - start ))
 	if [ $rc -eq 0 ]; then
@@ -43,7 +44,17 @@ for t in "$B"/tests-gpu/test_*; do
 		table="$table FAIL:$name(rc=$rc)"
 		fail=$((fail + 1))
 	fi
+}
+for t in "$B"/tests-gpu/test_*; do
+	[ -x "$t" ] || continue
+	run_one "$(basename "$t")" "$t"
 done
+if [ -x "$B/tests/test_fixtures" ]; then
+	run_one fixtures-cuda env SM70_BACKEND=cuda "$B/tests/test_fixtures"
+	run_one fixtures-cuda-eager env SM70_BACKEND=cuda SM70_GRAPHS=0 "$B/tests/test_fixtures"
+	run_one fixtures-cuda-reference env SM70_BACKEND=cuda SM70_GRAPHS=0 SM70_MATMUL=reference \
+		SM70_ATTENTION=reference SM70_SAMPLER=reference "$B/tests/test_fixtures"
+fi
 if [ $n -eq 0 ]; then
 	echo "gpu-check: no test binaries in $B/tests-gpu" >&2
 	exit 1

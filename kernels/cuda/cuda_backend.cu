@@ -7,8 +7,8 @@
  * plain cudaMalloc (zeroed, like the CPU backend's). Uploads copy through pinned staging
  * slots so that the caller may free its buffer at once without the stream being drained.
  *
- * Non-goals: multi-stream overlap, memory pools, CUDA graphs (the engine captures those
- * around the op table), recovery from a faulted context.
+ * Graph capture and replay live in graph.cu; the model decides what to capture.
+ * Non-goals: multi-stream overlap, memory pools, recovery from a faulted context.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,10 +124,14 @@ static void cuda_release(struct sm70__cuda *c)
 		if (c->stage[s])
 			SM70_CUDA_CHECK(be, cudaFreeHost(c->stage[s]));
 	}
+	if (c->sample_scratch)
+		SM70_CUDA_CHECK(be, cudaFree(c->sample_scratch));
 	if (c->attn_part)
 		SM70_CUDA_CHECK(be, cudaFree(c->attn_part));
 	if (c->blas)
 		SM70_CUBLAS_CHECK(be, cublasDestroy(c->blas));
+	if (c->blas_ws)
+		SM70_CUDA_CHECK(be, cudaFree(c->blas_ws));
 	if (c->stream)
 		SM70_CUDA_CHECK(be, cudaStreamDestroy(c->stream));
 	free(c);
@@ -154,6 +158,11 @@ static const struct sm70_backend_ops cuda_ops = {
 	.attention = sm70__cuda_attention,
 	.silu_mul = sm70__cuda_silu_mul,
 	.gather_rows = sm70__cuda_gather_rows,
+	.sample = sm70__cuda_sample,
+	.graph_begin = sm70__cuda_graph_begin,
+	.graph_end = sm70__cuda_graph_end,
+	.graph_launch = sm70__cuda_graph_launch,
+	.graph_destroy = sm70__cuda_graph_destroy,
 };
 
 /* 1 when the environment variable `name` says "reference" (the named path back). */
@@ -214,6 +223,18 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 		sm70_errf(err, ret, "cuda backend: cannot bind cuBLAS to the stream");
 		goto fail;
 	}
+	/* A fixed workspace: cuBLAS must not allocate while a graph is being captured. */
+	e = cudaMalloc(&c->blas_ws, SM70__CUDA_BLAS_WS_BYTES);
+	if (e != cudaSuccess ||
+	    cublasSetWorkspace(c->blas, c->blas_ws, SM70__CUDA_BLAS_WS_BYTES) !=
+		    CUBLAS_STATUS_SUCCESS) {
+		if (e == cudaSuccess)
+			e = cudaErrorUnknown;
+		ret = -ENOMEM;
+		sm70_errf(err, ret, "cuda backend: cannot set up the cuBLAS workspace: %s",
+			  cudaGetErrorString(e));
+		goto fail;
+	}
 	e = cudaMalloc(&c->attn_part, SM70__CUDA_ATTN_PART_BYTES);
 	if (e != cudaSuccess) {
 		c->attn_part = NULL;
@@ -241,6 +262,15 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	}
 	c->matmul_ref = wants_reference("SM70_MATMUL");
 	c->attn_ref = wants_reference("SM70_ATTENTION");
+	c->sample_ref = wants_reference("SM70_SAMPLER");
+	/* without its scratch the sample op runs its reference kernel */
+	if (cudaMalloc(&c->sample_scratch, SM70__CUDA_SAMPLE_SCRATCH_BYTES) != cudaSuccess ||
+	    cudaMemset(c->sample_scratch, 0, SM70__CUDA_SAMPLE_SCRATCH_BYTES) != cudaSuccess) {
+		cudaGetLastError();
+		if (c->sample_scratch)
+			cudaFree(c->sample_scratch);
+		c->sample_scratch = NULL;
+	}
 
 	c->be.ops = &cuda_ops;
 	c->be.name = "cuda";

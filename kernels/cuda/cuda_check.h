@@ -33,6 +33,13 @@ extern "C" {
  * ops never allocate. Attention uses fewer splits when a batch would need more. */
 #define SM70__CUDA_ATTN_PART_BYTES (16u << 20)
 
+/* The sample op's row barriers, partial lists and histograms (sample.cu); zeroed once at
+ * create, and each call leaves its barrier counters at zero again. */
+#define SM70__CUDA_SAMPLE_SCRATCH_BYTES (8u << 20)
+
+/* cuBLAS workspace, fixed so captured graphs never make cuBLAS allocate */
+#define SM70__CUDA_BLAS_WS_BYTES (32u << 20)
+
 /* The backend's private state (be->priv). */
 struct sm70__cuda {
 	struct sm70_backend be;
@@ -41,10 +48,13 @@ struct sm70__cuda {
 	size_t smem_optin;        /* most dynamic shared memory one block may ask for */
 	cudaStream_t stream;      /* every op and copy is queued here */
 	cublasHandle_t blas;      /* bound to stream */
+	void *blas_ws;            /* its workspace, SM70__CUDA_BLAS_WS_BYTES */
 	int sticky;               /* first error seen (-EIO), 0 while healthy */
 	int matmul_ref;           /* SM70_MATMUL=reference */
 	int attn_ref;             /* SM70_ATTENTION=reference */
 	float *attn_part;         /* split-KV partials, SM70__CUDA_ATTN_PART_BYTES */
+	void *sample_scratch;     /* SM70__CUDA_SAMPLE_SCRATCH_BYTES, zeroed; NULL: reference */
+	int sample_ref;           /* SM70_SAMPLER=reference */
 	void *stage[SM70__CUDA_STAGE_SLOTS];
 	cudaEvent_t stage_done[SM70__CUDA_STAGE_SLOTS];
 	int stage_next;

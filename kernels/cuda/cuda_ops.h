@@ -37,5 +37,16 @@ void sm70__cuda_silu_mul(struct sm70_backend *be, void *out, const void *gate_up
 			 int inter);
 void sm70__cuda_gather_rows(struct sm70_backend *be, void *dst, const void *src,
 			    const int32_t *rows, int n, int dim, int is_f32);
+int sm70__cuda_graph_begin(struct sm70_backend *be);
+int sm70__cuda_graph_end(struct sm70_backend *be, void **graph);
+int sm70__cuda_graph_launch(struct sm70_backend *be, void *graph);
+void sm70__cuda_graph_destroy(struct sm70_backend *be, void *graph);
+void sm70__cuda_sample(struct sm70_backend *be, struct sm70_sample_result *out,
+		       const float *logits, const struct sm70_sample_row *rows, int n, int vocab);
+/* Benchmark helper (tests/gpu): median microseconds of `iters` sample calls, timed with
+ * CUDA events on the backend's stream. Returns 0 or -errno. */
+int sm70__cuda_sample_time(struct sm70_backend *be, struct sm70_sample_result *out,
+			   const float *logits, const struct sm70_sample_row *rows, int n,
+			   int vocab, int iters, double *us_median);
 
 #endif

@@ -1,0 +1,54 @@
+/*
+ * graph.cu - CUDA-graph capture and replay of the op stream (backend.h's graph ops).
+ *
+ * The model captures a decode step (forward + sampling) once per padded batch size and
+ * context bucket and replays it afterwards: one launch instead of hundreds, which is most
+ * of a small-batch step's host overhead. Capture is thread-local so other threads' CUDA
+ * calls are not disturbed; cuBLAS must have a fixed workspace (set at backend create) so
+ * it allocates nothing while captured.
+ */
+#include "kernels/cuda/cuda_check.h"
+
+extern "C" int sm70__cuda_graph_begin(struct sm70_backend *be)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+
+	if (c->sticky)
+		return c->sticky;
+	return SM70_CUDA_CHECK(be, cudaStreamBeginCapture(c->stream,
+							   cudaStreamCaptureModeThreadLocal));
+}
+
+extern "C" int sm70__cuda_graph_end(struct sm70_backend *be, void **graph)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t exec = NULL;
+	int ret;
+
+	ret = SM70_CUDA_CHECK(be, cudaStreamEndCapture(c->stream, &g));
+	if (ret)
+		return ret;
+	ret = SM70_CUDA_CHECK(be, cudaGraphInstantiate(&exec, g, 0));
+	cudaGraphDestroy(g); /* the executable graph keeps what it needs */
+	if (ret)
+		return ret;
+	*graph = exec;
+	return 0;
+}
+
+extern "C" int sm70__cuda_graph_launch(struct sm70_backend *be, void *graph)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+
+	if (c->sticky)
+		return c->sticky;
+	return SM70_CUDA_CHECK(be, cudaGraphLaunch((cudaGraphExec_t)graph, c->stream));
+}
+
+extern "C" void sm70__cuda_graph_destroy(struct sm70_backend *be, void *graph)
+{
+	sm70__cuda_enter(be);
+	if (graph)
+		cudaGraphExecDestroy((cudaGraphExec_t)graph);
+}

@@ -1,0 +1,165 @@
+/*
+ * test_kv_fp8 - an FP8-E4M3 KV cache changes the logits little: on every fixture prompt,
+ * the logits at every position with FP8 KV against FP16 KV (CUDA backend) have cosine
+ * similarity at least 0.999; the mean KL(p_f16 || p_fp8) is reported.
+ */
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "daemon/engine/checkpoint.h"
+#include "daemon/engine/model.h"
+
+#define CHUNK 128 /* positions per step, each with its logits */
+
+static int no_gpu;
+
+/* Runs prompt through a fresh model with KV dtype kv; logits [n, vocab] into out. */
+static int all_logits(const char *dir, enum sm70_dtype kv, const int32_t *prompt, int n,
+		      float *out, int *vocab)
+{
+	struct sm70_backend *be = NULL;
+	struct sm70_ckpt *ck = NULL;
+	struct sm70_model *m = NULL;
+	struct sm70_err err = { { 0 } };
+	struct sm70_model_opts mo = {
+		.max_tokens = CHUNK, .max_seqs = CHUNK, .block_size = 16, .kv_bytes = 64u << 20,
+		.kv_dtype = kv,
+	};
+	int32_t pos[CHUNK], seq[CHUNK], slot[CHUNK], rows[CHUNK], *table;
+	int ret, n_blocks = (n + 15) / 16;
+
+	ret = sm70_backend_cuda_create(&be, 0, &err);
+	if (ret) {
+		printf("SKIP: no CUDA backend (%s)\n", err.msg);
+		return ret;
+	}
+	assert_int_equal(sm70_ckpt_open(&ck, dir, &err), 0);
+	ret = sm70_model_load(&m, ck, be, &mo, &err);
+	if (ret)
+		fail_msg("load %s: %s", dir, err.msg);
+	*vocab = m->cfg.vocab_size;
+	table = malloc(sizeof(int32_t) * (size_t)n_blocks);
+	for (int b = 0; b < n_blocks; b++)
+		table[b] = b;
+	for (int start = 0; start < n; start += CHUNK) {
+		int t = n - start < CHUNK ? n - start : CHUNK;
+		for (int i = 0; i < t; i++) {
+			pos[i] = start + i;
+			seq[i] = 0;
+			slot[i] = start + i; /* blocks are 0, 1, 2, ... in order */
+			rows[i] = i;
+		}
+		struct sm70_step st = {
+			.n_tokens = t, .n_seqs = 1, .max_blocks = n_blocks, .max_pos = start + t,
+			.tok_ids = prompt + start, .tok_pos = pos, .tok_seq = seq, .tok_slot = slot,
+			.block_tables = table, .n_out = t, .out_rows = rows,
+		};
+		assert_int_equal(sm70_model_forward(m, &st, out + (size_t)start * *vocab), 0);
+	}
+	free(table);
+	sm70_model_free(m);
+	sm70_ckpt_close(ck);
+	sm70_backend_destroy(be);
+	return 0;
+}
+
+static void compare(const char *dir, const char *name)
+{
+	char path[600];
+	json_error_t je;
+	json_t *ref, *cases;
+
+	snprintf(path, sizeof(path), "%s/reference.json", dir);
+	ref = json_load_file(path, 0, &je);
+	assert_non_null(ref);
+	cases = json_object_get(ref, "cases");
+	for (size_t c = 0; c < json_array_size(cases); c++) {
+		json_t *p = json_object_get(json_array_get(cases, c), "prompt");
+		int n = (int)json_array_size(p), vocab = 0;
+		int32_t *prompt = malloc(sizeof(int32_t) * (size_t)n);
+		float *a, *b;
+		double min_cos = 1, sum_kl = 0;
+
+		for (int i = 0; i < n; i++)
+			prompt[i] = (int32_t)json_integer_value(json_array_get(p, (size_t)i));
+		a = malloc(sizeof(float) * (size_t)n * 1024);
+		b = malloc(sizeof(float) * (size_t)n * 1024);
+		if (all_logits(dir, SM70_DTYPE_F16, prompt, n, a, &vocab)) {
+			no_gpu = 1;
+			free(a);
+			free(b);
+			free(prompt);
+			break;
+		}
+		assert_true(vocab <= 1024);
+		all_logits(dir, SM70_DTYPE_F8E4M3, prompt, n, b, &vocab);
+		for (int i = 0; i < n; i++) {
+			const float *x = a + (size_t)i * vocab, *y = b + (size_t)i * vocab;
+			double dot = 0, nx = 0, ny = 0, mx = -INFINITY, my = -INFINITY, zx = 0, zy = 0,
+			       kl = 0;
+			for (int v = 0; v < vocab; v++) {
+				dot += (double)x[v] * y[v];
+				nx += (double)x[v] * x[v];
+				ny += (double)y[v] * y[v];
+				mx = fmax(mx, x[v]);
+				my = fmax(my, y[v]);
+			}
+			for (int v = 0; v < vocab; v++) {
+				zx += exp(x[v] - mx);
+				zy += exp(y[v] - my);
+			}
+			for (int v = 0; v < vocab; v++) {
+				double lpx = x[v] - mx - log(zx), lpy = y[v] - my - log(zy);
+				kl += exp(lpx) * (lpx - lpy);
+			}
+			double cs = dot / sqrt(nx * ny);
+			if (cs < min_cos)
+				min_cos = cs;
+			sum_kl += kl;
+		}
+		printf("%-24s case %zu (%4d positions): FP8 vs FP16 KV logits: min cosine %.6f, "
+		       "mean KL %.3e\n", name, c, n, min_cos, sum_kl / n);
+		assert_true(min_cos >= 0.999);
+		free(a);
+		free(b);
+		free(prompt);
+	}
+	json_decref(ref);
+}
+
+static void test_fp8_close_to_f16(void **state)
+{
+	DIR *d = opendir("tests/fixtures");
+	struct dirent *de;
+
+	assert_non_null(d);
+	while ((de = readdir(d))) {
+		char dir[512];
+		if (strncmp(de->d_name, "qwen3", 5))
+			continue;
+		snprintf(dir, sizeof(dir), "tests/fixtures/%s", de->d_name);
+		compare(dir, de->d_name);
+		if (no_gpu)
+			break;
+	}
+	closedir(d);
+	if (no_gpu)
+		skip();
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_fp8_close_to_f16),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
