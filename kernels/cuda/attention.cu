@@ -2,16 +2,22 @@
  * attention.cu - the CUDA attention op: causal attention of each new token over its
  * sequence's paged KV cache (f16 or FP8-E4M3), f16 q and out, fp32 softmax.
  *
- * Fast path: one block per (token, KV head) computes every query head of that GQA group,
- * so each K/V element is read from memory once per group. The block walks the token's
- * positions a tile at a time: the tile's K and V rows are copied (FP8 decoded) into
- * shared memory as f16, the scores of all group heads against the tile are computed by
- * all threads, one warp per head updates that head's running max and normaliser (online
- * softmax), and all threads fold the tile's V rows into the fp32 accumulators. When the
- * batch has too few (token, KV head) pairs to fill the GPU and the context is long, the
- * positions are split into chunks over several blocks (split-KV); each writes its partial
- * (max, normaliser, unnormalised sum) to the backend's scratch and a second kernel merges
- * them. head_dim 32, 64, 128 and 256 have fast kernels; other sizes take the reference.
+ * Fast path (tensor cores, head_dim 32/64/128/256, up to 16 query heads per KV head): one
+ * block of 8 warps per (token, KV head, split) computes every query head of the GQA group,
+ * so each K/V element is read from memory once per group. The group's q rows, padded with
+ * zeros to 16, are the A operand of WMMA 16x16x16 products (f16 in, fp32 accumulate, the
+ * SM70 feature set): S = Q K^T for a tile of 64 positions, an online softmax over S by one
+ * warp per head (P rounded to f16, as flash attention does), then O += P V, the running
+ * O held in accumulator fragments and rescaled through a row map read from a fragment at
+ * start (the fragment layout is opaque; loading a matrix of row numbers reveals it). The
+ * next tile's K and V are loaded into registers (FP8: two tiles ahead) while the current
+ * one is multiplied, so memory stays busy. Positions are split over enough blocks to fill
+ * every SM once (split-KV); each split writes (max, normaliser, unnormalised sum) to the
+ * backend's scratch and a merge kernel combines them.
+ *
+ * The fp32 SIMT kernel (SM70_ATTENTION=simt, or shapes the tensor-core path does not
+ * take): one block per (token, KV head) as above, tiles copied (FP8 decoded) into shared
+ * memory as f16, scores and P V in fp32 FMAs.
  *
  * Reference path (SM70_ATTENTION=reference, or a shape the fast path does not take): one
  * block per (token, head), one thread per output dim, one position at a time through the
@@ -22,10 +28,13 @@
  * and the 2^8 goes into the scale. The NaN code 0x7f (never written by kv_write but for a
  * NaN input) decodes as 480 on the fast path.
  *
- * Non-goals: sliding windows, ALiBi, soft-capping, sinks; tensor cores (decode attention
- * is bound by reading the cache); prefill-specific tiling over several query tokens.
+ * Non-goals: sliding windows, ALiBi, soft-capping, sinks; prefill-specific tiling over
+ * several query tokens (a prefill token is one more (token, KV head) block).
  */
 #include <math.h>
+#include <mma.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
 
@@ -373,10 +382,392 @@ static int attn_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens, i
 	return 0;
 }
 
+
+/* ---- tensor-core path -------------------------------------------------------------- */
+
+#define TC_THREADS 256
+#define TC_WARPS 8
+
+/* Byte offsets of the tensor-core kernel's shared memory: q (16 rows), K and V tiles (f16,
+ * rows padded by 16 bytes so ldmatrix rows fall in different banks), the S partials of
+ * the NSPL warps that split head_dim, P (f16), and m, l, alpha per head. */
+template <int D, int TP> struct tcl {
+	static constexpr int QS = D + 8;                  /* halves */
+	static constexpr int NSPL = TC_WARPS / (TP / 16); /* warps per S column tile */
+	static constexpr int SS = TP + 4;                 /* floats */
+	static constexpr int PS = TP + 8;                 /* halves */
+	static constexpr size_t q_off = 0;
+	static constexpr size_t k_off = q_off + (size_t)16 * QS * 2;
+	static constexpr size_t v_off = k_off + (size_t)TP * QS * 2;
+	static constexpr size_t s_off = v_off + (size_t)TP * QS * 2;
+	static constexpr size_t p_off = s_off + (size_t)NSPL * 16 * SS * 4;
+	static constexpr size_t f_off = p_off + (size_t)16 * PS * 2;
+	static constexpr size_t bytes = f_off + 3 * 16 * 4;
+	static_assert((D / 16) % NSPL == 0, "head_dim too small for this tile");
+	static_assert((size_t)16 * (D + 4) * 4 <= (size_t)TP * QS * 2, "O staging");
+};
+
+/* 16 e4m3 bytes to 16 f16 holding 2^-8 times their values: the magnitude bits shifted
+ * left by 7 land in the f16 exponent and mantissa, and the sign, one bit low, is moved up
+ * by adding it to itself. Four integer operations per two values. */
+static __device__ __forceinline__ void e4m3x16_to_f16_scaled(uint4 in, uint4 &lo, uint4 &hi)
+{
+	const uint32_t src[4] = { in.x, in.y, in.z, in.w };
+	uint32_t dst[8];
+
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		uint32_t a = __byte_perm(src[i], 0, 0x4140) << 7;
+		uint32_t b = __byte_perm(src[i], 0, 0x4342) << 7;
+
+		dst[2 * i] = a + (a & 0x40004000u);
+		dst[2 * i + 1] = b + (b & 0x40004000u);
+	}
+	lo = make_uint4(dst[0], dst[1], dst[2], dst[3]);
+	hi = make_uint4(dst[4], dst[5], dst[6], dst[7]);
+}
+
+template <int D, bool FP8, int TP>
+static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct attn_args a)
+{
+	using namespace nvcuda;
+	using L = tcl<D, TP>;
+	typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_t;
+	constexpr int QS = L::QS, SS = L::SS, PS = L::PS, NSPL = L::NSPL;
+	constexpr int EPC = FP8 ? 16 : 8;                       /* values per 16-byte load */
+	constexpr int CPR = D / EPC;                            /* loads per row */
+	constexpr int CH = (TP * CPR + TC_THREADS - 1) / TC_THREADS; /* loads a thread */
+	constexpr int NPF = FP8 ? 2 : 1;                        /* tiles loaded ahead */
+	constexpr int NCT = (D / 16 + TC_WARPS - 1) / TC_WARPS; /* O column tiles a warp */
+	constexpr float LOG2E = 1.4426950408889634f;
+	extern __shared__ __align__(128) unsigned char sm[];
+	__half *q_s = (__half *)(sm + L::q_off);
+	__half *k_s = (__half *)(sm + L::k_off);
+	__half *v_s = (__half *)(sm + L::v_off);
+	float *s_s = (float *)(sm + L::s_off);
+	__half *p_s = (__half *)(sm + L::p_off);
+	float *m_s = (float *)(sm + L::f_off), *l_s = m_s + 16, *al_s = m_s + 32;
+
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int G = a.group;
+	const int tok = blockIdx.x / a.n_kv, kvh = blockIdx.x - tok * a.n_kv;
+	const int split = blockIdx.y;
+	const int npos = a.tok_pos[tok] + 1;
+	const int p0 = split * a.chunk;
+	const int p1 = min(p0 + a.chunk, npos);
+	const int ntiles = p1 > p0 ? (p1 - p0 + TP - 1) / TP : 0;
+	const int32_t *bt = a.block_tables + (size_t)a.tok_seq[tok] * a.max_blocks;
+	const __half *qt = a.q + (size_t)tok * a.q_ld + (size_t)kvh * G * D;
+	const float kmul = a.k_mul * LOG2E; /* scores in log2 units: exp2f below */
+	const size_t esz = FP8 ? 1 : 2;
+	uint4 kr[NPF][CH], vr[NPF][CH];
+	acc_t acc[NCT];
+	int rowmap[acc_t::num_elements];
+
+	for (int i = tid; i < 16 * (D / 8); i += TC_THREADS) {
+		const int g = i / (D / 8), c8 = i - g * (D / 8);
+
+		*(uint4 *)(q_s + g * QS + c8 * 8) =
+			g < G ? __ldg((const uint4 *)(qt + (size_t)g * D) + c8) :
+				make_uint4(0, 0, 0, 0);
+	}
+	for (int i = tid; i < 16 * PS / 8; i += TC_THREADS)
+		((uint4 *)p_s)[i] = make_uint4(0, 0, 0, 0);
+	if (tid < 16) {
+		m_s[tid] = -INFINITY;
+		l_s[tid] = 0.0f;
+		al_s[tid] = 1.0f;
+	}
+	for (int i = tid; i < 256; i += TC_THREADS)
+		s_s[i] = (float)(i >> 4);
+	__syncthreads();
+	{
+		acc_t f;
+
+		wmma::load_matrix_sync(f, s_s, 16, wmma::mem_row_major);
+#pragma unroll
+		for (int e = 0; e < acc_t::num_elements; e++)
+			rowmap[e] = (int)f.x[e];
+	}
+#pragma unroll
+	for (int ci = 0; ci < NCT; ci++)
+		wmma::fill_fragment(acc[ci], 0.0f);
+
+	/* K and V of tile t (positions p0 + t*TP ...) into register slot d; rows past the
+	 * range read as zero so that 0 * garbage never reaches P V. */
+#define ATC_LOAD(d, t)                                                                    \
+	do {                                                                              \
+		const int t0_ = p0 + (t) * TP, nt_ = min(TP, p1 - t0_);                   \
+		_Pragma("unroll") for (int c = 0; c < CH; c++) {                          \
+			const int idx_ = tid + c * TC_THREADS, r_ = idx_ / CPR;           \
+			kr[d][c] = vr[d][c] = make_uint4(0, 0, 0, 0);                     \
+			if (idx_ < TP * CPR && r_ < nt_) {                                \
+				const int p_ = t0_ + r_;                                  \
+				const size_t slot_ = (size_t)bt[p_ / a.bs] * a.bs + p_ % a.bs; \
+				const size_t off_ = ((slot_ * a.n_kv + kvh) * D +         \
+						     (size_t)(idx_ - r_ * CPR) * EPC) * esz; \
+				kr[d][c] = __ldg((const uint4 *)((const char *)a.kc + off_)); \
+				vr[d][c] = __ldg((const uint4 *)((const char *)a.vc + off_)); \
+			}                                                                 \
+		}                                                                         \
+	} while (0)
+
+#pragma unroll
+	for (int d = 0; d < NPF; d++)
+		if (d < ntiles)
+			ATC_LOAD(d, d);
+
+	for (int t = 0; t < ntiles; t += NPF) {
+#pragma unroll
+		for (int d = 0; d < NPF; d++) {
+			const int tt = t + d;
+
+			if (tt >= ntiles)
+				break;
+			const int nt = min(TP, p1 - (p0 + tt * TP));
+
+			__syncthreads(); /* the last tile's readers are done */
+#pragma unroll
+			for (int c = 0; c < CH; c++) {
+				const int idx = tid + c * TC_THREADS, r = idx / CPR;
+				const int col = (idx - r * CPR) * EPC;
+
+				if (idx >= TP * CPR)
+					break;
+				if (FP8) {
+					uint4 lo, hi;
+
+					e4m3x16_to_f16_scaled(kr[d][c], lo, hi);
+					*(uint4 *)(k_s + r * QS + col) = lo;
+					*(uint4 *)(k_s + r * QS + col + 8) = hi;
+					e4m3x16_to_f16_scaled(vr[d][c], lo, hi);
+					*(uint4 *)(v_s + r * QS + col) = lo;
+					*(uint4 *)(v_s + r * QS + col + 8) = hi;
+				} else {
+					*(uint4 *)(k_s + r * QS + col) = kr[d][c];
+					*(uint4 *)(v_s + r * QS + col) = vr[d][c];
+				}
+			}
+			if (tt + NPF < ntiles)
+				ATC_LOAD(d, tt + NPF);
+			__syncthreads();
+
+			/* S = Q K^T: warp w takes column tile w % (TP/16) over its share of D */
+			{
+				const int ct = warp % (TP / 16), sp = warp / (TP / 16);
+				constexpr int KST = D / 16 / NSPL;
+				acc_t sf;
+
+				wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+				for (int kk = 0; kk < KST; kk++) {
+					const int k0 = (sp * KST + kk) * 16;
+					wmma::fragment<wmma::matrix_a, 16, 16, 16, __half,
+						       wmma::row_major> qa;
+					wmma::fragment<wmma::matrix_b, 16, 16, 16, __half,
+						       wmma::col_major> kb;
+
+					wmma::load_matrix_sync(qa, q_s + k0, QS);
+					wmma::load_matrix_sync(kb, k_s + ct * 16 * QS + k0, QS);
+					wmma::mma_sync(sf, qa, kb, sf);
+				}
+				wmma::store_matrix_sync(s_s + sp * 16 * SS + ct * 16, sf, SS,
+							wmma::mem_row_major);
+			}
+			__syncthreads();
+
+			/* online softmax, one warp per head */
+			for (int g = warp; g < G; g += TC_WARPS) {
+				float v[TP / 32], mx = -INFINITY, sum = 0.0f;
+
+#pragma unroll
+				for (int j = 0; j < TP / 32; j++) {
+					const int r = lane + 32 * j;
+					float sc = 0.0f;
+
+#pragma unroll
+					for (int sp = 0; sp < NSPL; sp++)
+						sc += s_s[sp * 16 * SS + g * SS + r];
+					v[j] = r < nt ? sc * kmul : -INFINITY;
+					mx = fmaxf(mx, v[j]);
+				}
+				mx = sm70__warp_max(mx);
+				const float m_old = m_s[g], m_new = fmaxf(m_old, mx);
+#pragma unroll
+				for (int j = 0; j < TP / 32; j++) {
+					const __half e = __float2half_rn(exp2f(v[j] - m_new));
+
+					p_s[g * PS + lane + 32 * j] = e;
+					sum += __half2float(e);
+				}
+				sum = sm70__warp_sum(sum);
+				if (lane == 0) {
+					const float alpha = exp2f(m_old - m_new);
+
+					l_s[g] = l_s[g] * alpha + sum;
+					m_s[g] = m_new;
+					al_s[g] = alpha;
+				}
+			}
+			__syncthreads();
+
+			/* O = O * alpha + P V */
+#pragma unroll
+			for (int ci = 0; ci < NCT; ci++) {
+				const int ct = warp + ci * TC_WARPS;
+
+				if (ct >= D / 16)
+					break;
+#pragma unroll
+				for (int e = 0; e < acc_t::num_elements; e++)
+					acc[ci].x[e] *= al_s[rowmap[e]];
+#pragma unroll
+				for (int ks = 0; ks < TP / 16; ks++) {
+					wmma::fragment<wmma::matrix_a, 16, 16, 16, __half,
+						       wmma::row_major> pa;
+					wmma::fragment<wmma::matrix_b, 16, 16, 16, __half,
+						       wmma::row_major> vb;
+
+					wmma::load_matrix_sync(pa, p_s + ks * 16, PS);
+					wmma::load_matrix_sync(vb, v_s + ks * 16 * QS + ct * 16, QS);
+					wmma::mma_sync(acc[ci], pa, vb, acc[ci]);
+				}
+			}
+		}
+	}
+#undef ATC_LOAD
+
+	/* O through shared memory (the K tile's space) to plain rows */
+	__syncthreads();
+	{
+		float *o_s = (float *)k_s;
+		constexpr int OS = D + 4;
+
+#pragma unroll
+		for (int ci = 0; ci < NCT; ci++) {
+			const int ct = warp + ci * TC_WARPS;
+
+			if (ct < D / 16)
+				wmma::store_matrix_sync(o_s + ct * 16, acc[ci], OS,
+							wmma::mem_row_major);
+		}
+		__syncthreads();
+		if (a.nsplit == 1) {
+			__half *o = a.out + ((size_t)tok * a.n_heads + (size_t)kvh * G) * D;
+
+			for (int i = tid; i < G * D; i += TC_THREADS) {
+				const int g = i / D, dd = i - g * D;
+
+				o[i] = __float2half_rn(o_s[g * OS + dd] * a.v_mul / l_s[g]);
+			}
+			return;
+		}
+		for (int i = tid; i < G * (D + 2); i += TC_THREADS) {
+			const int g = i / (D + 2), j = i - g * (D + 2);
+			const int h = kvh * G + g;
+			float *pp = a.part +
+				    (((size_t)tok * a.n_heads + h) * a.nsplit + split) * (D + 2);
+
+			/* the merge works in natural-log units */
+			pp[j] = j == 0 ? m_s[g] * 0.6931471805599453f :
+				j == 1 ? l_s[g] : o_s[g * OS + j - 2] * a.v_mul;
+		}
+	}
+}
+
+/* Queues the tensor-core kernel (and the merge when split). -ENOSPC: the shape does not
+ * fit this device; the caller falls back. */
+template <int D, bool FP8, int TP>
+static int attn_tc_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens, int max_pos)
+{
+	/* per process: the first device's answers (a process drives one kind of GPU) */
+	static int resident = -1;
+	const size_t smem = tcl<D, TP>::bytes;
+	const long blocks = (long)n_tokens * a.n_kv;
+	const size_t per_split = (size_t)n_tokens * a.n_heads * (D + 2) * sizeof(float);
+	int nsplit = 1;
+
+	if (a.group > 16 || smem > c->smem_optin)
+		return -ENOSPC;
+	if (resident < 0) {
+		int r = 0;
+
+		if (SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
+						    attn_tc_kernel<D, FP8, TP>,
+						    cudaFuncAttributeMaxDynamicSharedMemorySize,
+						    (int)smem)) ||
+		    SM70_CUDA_CHECK(&c->be, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+						    &r, attn_tc_kernel<D, FP8, TP>, TC_THREADS,
+						    smem)))
+			return -EIO;
+		resident = r;
+	}
+	if (resident < 1)
+		return -ENOSPC;
+	/* Split positions until the blocks fill every SM's resident slots once (never more:
+	 * a second partial wave would cost a whole block's time). */
+	if (blocks < (long)resident * c->n_sm && max_pos > TP) {
+		long want = (long)resident * c->n_sm / blocks;
+		long most = (max_pos + TP - 1) / TP;
+		long room = (long)(SM70__CUDA_ATTN_PART_BYTES / per_split);
+
+		nsplit = (int)(want < most ? want : most);
+		if (nsplit > room)
+			nsplit = (int)room;
+		if (nsplit < 1)
+			nsplit = 1;
+	}
+	a.chunk = (max_pos + nsplit - 1) / nsplit;
+	a.chunk = (a.chunk + TP - 1) / TP * TP;
+	a.nsplit = (max_pos + a.chunk - 1) / a.chunk;
+	a.part = c->attn_part;
+	attn_tc_kernel<D, FP8, TP><<<dim3((unsigned)blocks, a.nsplit), TC_THREADS, smem,
+				     c->stream>>>(a);
+	if (SM70_CUDA_LAUNCHED(&c->be, "attn_tc_kernel"))
+		return -EIO;
+	if (a.nsplit > 1) {
+		attn_merge_kernel<<<n_tokens * a.n_heads, (D + 31) / 32 * 32, 0, c->stream>>>(
+			a.out, a.part, a.nsplit, D);
+		if (SM70_CUDA_LAUNCHED(&c->be, "attn_merge_kernel"))
+			return -EIO;
+	}
+	return 0;
+}
+
+/* 64-position tiles; 32 for head_dim 256 where shared memory is small (before sm_80). */
+template <int D, bool FP8>
+static int attn_tc_pick(struct sm70__cuda *c, const struct attn_args &a, int n_tokens,
+			int max_pos)
+{
+	if (D == 256 && tcl<256, 64>::bytes > c->smem_optin)
+		return attn_tc_launch<256, FP8, 32>(c, a, n_tokens, max_pos);
+	return attn_tc_launch<D, FP8, 64>(c, a, n_tokens, max_pos);
+}
+
+/* SM70_ATTENTION=simt keeps the fp32 SIMT kernel (for comparison); read once. */
+static int attn_want_simt(void)
+{
+	static int cached = -1;
+
+	if (cached < 0) {
+		const char *v = getenv("SM70_ATTENTION");
+
+		cached = v && strcmp(v, "simt") == 0;
+	}
+	return cached;
+}
+
 template <int D>
 static int attn_dispatch_fp8(struct sm70__cuda *c, const struct attn_args &a, int fp8,
 			     int n_tokens, int max_pos)
 {
+	int ret = -ENOSPC;
+
+	if (!attn_want_simt())
+		ret = fp8 ? attn_tc_pick<D, true>(c, a, n_tokens, max_pos) :
+			    attn_tc_pick<D, false>(c, a, n_tokens, max_pos);
+	if (ret != -ENOSPC)
+		return ret;
 	return fp8 ? attn_launch<D, true>(c, a, n_tokens, max_pos) :
 		     attn_launch<D, false>(c, a, n_tokens, max_pos);
 }

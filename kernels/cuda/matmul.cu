@@ -2,20 +2,30 @@
  * matmul.cu - the CUDA matmul op: y[n, rows] = x[n, cols] W^T, W f16 [rows, cols], x f16,
  * y f16 or f32, fp32 accumulation everywhere.
  *
- * Three paths:
- * - n <= 16 (decode): a skinny GEMM that streams W once. Each warp owns GEMV_ROWS output
- *   rows; its lanes read W in 16-byte vectors (8 halves; scalar halves when cols or a
- *   pointer is not 16-byte aligned) and apply each W element to all n input rows, which
- *   the block stages in shared memory one column chunk at a time. Lane partial sums are
- *   folded with warp shuffles at the end.
+ * Four paths:
+ * - n <= 16 (decode), cols a multiple of 8 and 16-byte aligned x and W: a skinny GEMM on
+ *   the tensor cores (WMMA 16x16x16, f16 in, f32 accumulate: the SM70 feature set). The
+ *   fp32 FMA version below runs out of FMA issue at about n = 4 on an H200 (every W
+ *   element costs n FMAs), while the tensor cores make the FMA cost vanish, so the kernel
+ *   is bound by reading W alone. Each warp streams a 16*MT-row band of W over its share
+ *   of the columns with coalesced 16-byte loads, two 64-column steps ahead in registers,
+ *   stages each step (and the matching x tile, zero-padded to 16 rows) in its own shared
+ *   memory, and multiplies there; the block's warps split the columns and add their
+ *   partial tiles at the end. No block barrier inside the loop.
+ * - the same shapes with SM70_MATMUL=simt, or any other n <= 16: the fp32-FMA skinny
+ *   kernel (lanes read W in 16-byte vectors and apply each W element to all n rows, which
+ *   the block stages in shared memory a column chunk at a time).
  * - n > 16 (prefill): cuBLAS cublasGemmEx, f16 inputs, CUBLAS_COMPUTE_32F.
  * - SM70_MATMUL=reference: one thread per output element, a plain dot product; the named
  *   path back when the fast paths are suspect.
  *
- * Non-goals: quantised weights, split-K for very short row counts, tensor cores in the
- * skinny path (decode is bound by reading W, which this does once at full width).
+ * Non-goals: quantised weights; split-K across blocks (the grid is sized by rows alone,
+ * which fills an H200 from 4096 rows on).
  */
+#include <mma.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
 
@@ -201,6 +211,177 @@ static void gemv_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half
 	}
 }
 
+
+/* ---- tensor-core skinny GEMM ------------------------------------------------------ */
+
+#define TC_KS 64           /* columns per step: each W row gives 128 bytes, a full line */
+#define TC_LD (TC_KS + 8)  /* staged row stride in halves: rows 16 bytes apart in banks */
+
+/* Shared memory of one warp: its W rows and the x tile, both TC_LD halves a row. */
+template <int MT> struct tc_warp {
+	static constexpr size_t bytes = (size_t)(16 * MT + 16) * TC_LD * sizeof(__half);
+};
+
+/*
+ * MT 16-row tiles per warp, NI = ceil(n / 4) x row groups loaded, WARPS splitting the
+ * columns, PF steps loaded ahead in registers. Lane l loads 16 bytes (8 columns, chunk l % 8) of rows l / 8 + 4 i of the band
+ * and of x, so a warp's load instruction reads four full 128-byte lines.
+ */
+template <int MT, int NI, int WARPS, int PF>
+static __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 2 : NI >= 3 ? 1 : 2)
+	gemv_tc_kernel(void *__restrict__ y, int y_f32, const __half *__restrict__ x,
+		       const __half *__restrict__ w, int rows, int cols, int n)
+{
+	using namespace nvcuda;
+	extern __shared__ __align__(128) unsigned char tc_smem[];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int sub = lane >> 3, chunk = lane & 7;
+	const int r0 = blockIdx.x * 16 * MT;
+	const int nsteps = (cols + TC_KS - 1) / TC_KS;
+	const int s0 = warp * nsteps / WARPS, s1 = (warp + 1) * nsteps / WARPS;
+	__half *ws = (__half *)(tc_smem + warp * tc_warp<MT>::bytes);
+	__half *xs = ws + 16 * MT * TC_LD;
+	const __half *wp[4 * MT];
+	wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[MT];
+	uint4 wr[PF][4 * MT], xr[PF][NI];
+
+#pragma unroll
+	for (int i = 0; i < 4 * MT; i++) {
+		int r = r0 + sub + 4 * i;
+
+		/* a row past the end reads the last row (valid) and is never stored */
+		wp[i] = w + (size_t)(r < rows ? r : rows - 1) * cols + chunk * 8;
+	}
+#pragma unroll
+	for (int m = 0; m < MT; m++)
+		wmma::fill_fragment(acc[m], 0.0f);
+	/* x rows this warp never loads stay zero */
+	for (int i = lane; i < (16 - 4 * NI) * TC_LD / 8; i += 32)
+		((uint4 *)(xs + 4 * NI * TC_LD))[i] = make_uint4(0, 0, 0, 0);
+
+	/* Loads of step s into register slot d; columns past the end and x rows past n read
+	 * as zero. */
+#define TC_ISSUE(d, s)                                                                   	do {                                                                             		const int k_ = (s) * TC_KS + chunk * 8;                                  		const bool in_ = k_ < cols;                                              		_Pragma("unroll") for (int i = 0; i < 4 * MT; i++) wr[d][i] =           			in_ ? __ldg((const uint4 *)(wp[i] + (s) * TC_KS)) :              			      make_uint4(0, 0, 0, 0);                                    		_Pragma("unroll") for (int i = 0; i < NI; i++) {                         			const int j_ = sub + 4 * i;                                      			xr[d][i] = in_ && j_ < n ?                                       					   __ldg((const uint4 *)(x + (size_t)j_ * cols + k_)) : 					   make_uint4(0, 0, 0, 0);                       		}                                                                        	} while (0)
+
+#pragma unroll
+	for (int d = 0; d < PF; d++)
+		if (s0 + d < s1)
+			TC_ISSUE(d, s0 + d);
+	for (int s = s0; s < s1; s += PF) {
+#pragma unroll
+		for (int d = 0; d < PF; d++) {
+			if (s + d >= s1)
+				break;
+#pragma unroll
+			for (int i = 0; i < 4 * MT; i++)
+				*(uint4 *)(ws + (sub + 4 * i) * TC_LD + chunk * 8) = wr[d][i];
+#pragma unroll
+			for (int i = 0; i < NI; i++)
+				*(uint4 *)(xs + (sub + 4 * i) * TC_LD + chunk * 8) = xr[d][i];
+			if (s + d + PF < s1)
+				TC_ISSUE(d, s + d + PF);
+			__syncwarp();
+#pragma unroll
+			for (int kk = 0; kk < TC_KS / 16; kk++) {
+				wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major>
+					b;
+
+				wmma::load_matrix_sync(b, xs + kk * 16, TC_LD);
+#pragma unroll
+				for (int m = 0; m < MT; m++) {
+					wmma::fragment<wmma::matrix_a, 16, 16, 16, __half,
+						       wmma::row_major> af;
+
+					wmma::load_matrix_sync(af, ws + m * 16 * TC_LD + kk * 16,
+							       TC_LD);
+					wmma::mma_sync(acc[m], af, b, acc[m]);
+				}
+			}
+			__syncwarp(); /* the stage is free for the next step */
+		}
+	}
+#undef TC_ISSUE
+
+	/* Each warp's partial tiles (rows x 16 x columns, row-major) into its own stage,
+	 * then the block adds them. */
+	{
+		float *red = (float *)ws;
+
+#pragma unroll
+		for (int m = 0; m < MT; m++)
+			wmma::store_matrix_sync(red + m * 256, acc[m], 16, wmma::mem_row_major);
+	}
+	__syncthreads();
+	for (int idx = threadIdx.x; idx < n * 16 * MT; idx += WARPS * 32) {
+		const int j = idx / (16 * MT), rr = idx - j * (16 * MT);
+		float sum = 0.0f;
+
+		if (r0 + rr >= rows)
+			continue;
+#pragma unroll
+		for (int v = 0; v < WARPS; v++)
+			sum += ((const float *)(tc_smem + v * tc_warp<MT>::bytes))[rr * 16 + j];
+		if (y_f32)
+			((float *)y)[(size_t)j * rows + r0 + rr] = sum;
+		else
+			((__half *)y)[(size_t)j * rows + r0 + rr] = __float2half_rn(sum);
+	}
+}
+
+template <int MT, int NI>
+static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
+			   const __half *w, int rows, int cols, int n)
+{
+	/* Three steps ahead when registers allow: a 4096-row matrix gives an SM only two
+	 * blocks, so each warp must keep more bytes in flight. */
+	constexpr int WARPS = 8, PF = MT == 1 && NI <= 2 ? 3 : 2;
+	static int attr_set; /* per process: one kind of GPU */
+	const size_t smem = WARPS * tc_warp<MT>::bytes;
+
+	if (smem > 48 * 1024 && !attr_set) {
+		if (SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
+						    gemv_tc_kernel<MT, NI, WARPS, PF>,
+						    cudaFuncAttributeMaxDynamicSharedMemorySize,
+						    (int)smem)))
+			return;
+		attr_set = 1;
+	}
+	gemv_tc_kernel<MT, NI, WARPS, PF><<<(rows + 16 * MT - 1) / (16 * MT), WARPS * 32, smem,
+					     c->stream>>>(y, y_f32, x, w, rows, cols, n);
+}
+
+/* Two 16-row tiles a warp (half the x re-reads) when that still gives four blocks an SM;
+ * one otherwise, so that 4096-row matrices fill the GPU. */
+static void gemv_tc_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
+			     const __half *w, int rows, int cols, int n)
+{
+	const int mt2 = (rows + 31) / 32 >= 4 * c->n_sm;
+
+	switch ((n + 3) / 4 + (mt2 ? 4 : 0)) {
+	case 1: gemv_tc_launch<1, 1>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 2: gemv_tc_launch<1, 2>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 3: gemv_tc_launch<1, 3>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 4: gemv_tc_launch<1, 4>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 5: gemv_tc_launch<2, 1>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 6: gemv_tc_launch<2, 2>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 7: gemv_tc_launch<2, 3>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 8: gemv_tc_launch<2, 4>(c, y, y_f32, x, w, rows, cols, n); break;
+	}
+}
+
+/* SM70_MATMUL=simt keeps decode on the fp32-FMA skinny kernel (for comparison); read once. */
+static int want_simt(void)
+{
+	static int cached = -1;
+
+	if (cached < 0) {
+		const char *v = getenv("SM70_MATMUL");
+
+		cached = v && strcmp(v, "simt") == 0;
+	}
+	return cached;
+}
+
 /* See backend.h. w->dtype must be f16 (the backend's weight_dtype); y must not overlap x
  * or W. */
 extern "C" void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, const void *x,
@@ -226,6 +407,11 @@ extern "C" void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, c
 		int aligned = cols % 8 == 0 && ((uintptr_t)x & 15) == 0 &&
 			      ((uintptr_t)w->data & 15) == 0;
 
+		if (aligned && !want_simt()) {
+			gemv_tc_dispatch(c, y, y_f32, xh, wh, rows, cols, n);
+			SM70_CUDA_LAUNCHED(be, "gemv_tc_kernel");
+			return;
+		}
 		if (aligned)
 			gemv_dispatch<8>(c, y, y_f32, xh, wh, rows, cols, n);
 		else

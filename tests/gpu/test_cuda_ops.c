@@ -393,9 +393,19 @@ static void test_matmul(void **state)
 				  { 1000, 4096 }, { 77, 136 } };
 	const int ns[] = { 1, 3, 8, 16, 17, 33 };
 
+	/* the tensor-core skinny path: every x row group, a partial last 64-column step
+	 * (520) and a partial last row tile (33), and bands wide enough for two tiles a
+	 * warp (the 20000-row case) */
+	const int tc_shapes[][2] = { { 512, 4096 }, { 4096, 1024 }, { 33, 520 },
+				     { 20000, 256 } };
+	const int tc_ns[] = { 2, 4, 5, 12, 16 };
+
 	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
 		for (int ni = 0; ni < 6; ni++)
 			matmul_case(shapes[s][0], shapes[s][1], ns[ni]);
+	for (size_t s = 0; s < sizeof(tc_shapes) / sizeof(tc_shapes[0]); s++)
+		for (int ni = 0; ni < 5; ni++)
+			matmul_case(tc_shapes[s][0], tc_shapes[s][1], tc_ns[ni]);
 }
 
 static void test_head_norm_rope(void **state)
@@ -672,6 +682,9 @@ static void test_attention(void **state)
 	/* a context that is not a multiple of anything */
 	attention_case(128, 6, 0, 1237, 33);
 	attention_case(64, 2, 1, 17, 3);
+	/* long contexts: many splits, both cache dtypes, the decode shape that is benched */
+	attention_case(256, 6, 0, 16384, 0);
+	attention_case(256, 6, 1, 16384, 0);
 }
 
 static void test_silu_mul(void **state)

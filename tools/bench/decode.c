@@ -14,7 +14,7 @@
  *
  * Non-goals: prefill speed, time to first token (sm70-run's timing covers those).
  */
-#include "tools/bench/decode.h"
+#include "tools/bench/bench.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -73,29 +73,23 @@ static void usage(void)
 		"         [--kv-gib G] [--bw-gbs GBPS]\n");
 }
 
-/* One configuration: returns 0 and fills tok/s and bytes per step. */
-static int run_one(const char *model, const struct sm70_engine_opts *eo, int batch, int ctx,
-		   int steps, double *tps, double *step_bytes, double *weight_bytes)
+/* One configuration on an open engine: returns 0 and fills tokens/s and bytes per step.
+ * Leaves the engine idle. */
+static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int batch, int ctx,
+		   int steps, double *tps, double *step_bytes)
 {
-	struct sm70_engine *e = NULL;
 	struct sm70_err err = { { 0 } };
 	struct count c = { 0, 0 };
-	int32_t *prompt = NULL;
-	int ret, warm = 3;
+	int32_t *prompt;
+	int ret = 0, warm = 3;
 	double t0;
 
-	ret = sm70_engine_open(&e, model, eo, &err);
-	if (ret) {
-		fprintf(stderr, "sm70-bench decode: %s\n", err.msg);
-		return ret;
-	}
 	prompt = malloc(sizeof(int32_t) * (size_t)ctx);
-	if (!prompt) {
-		ret = -1;
-		goto out;
-	}
+	if (!prompt)
+		return -1;
 	for (int i = 0; i < ctx; i++)
-		prompt[i] = (int32_t)((i * 7919u + 13u) % 1000u);
+		prompt[i] = (int32_t)((i * 7919u + 13u) %
+				      (unsigned)sm70_engine_model_config(e)->vocab_size);
 	for (int b = 0; b < batch; b++) {
 		uint64_t id;
 		struct sm70_request r = {
@@ -103,7 +97,7 @@ static int run_one(const char *model, const struct sm70_engine_opts *eo, int bat
 			.ignore_eos = 1, .sampling = { .temperature = 1.0f, .top_k = 20,
 			.top_p = 0.95f, .seed = (uint64_t)b }, .bench_skip_prefill = 1,
 		};
-		prompt[0] = b; /* distinct prompts: no prefix sharing */
+		prompt[0] = b % sm70_engine_model_config(e)->vocab_size; /* no prefix sharing */
 		ret = sm70_engine_submit(e, &r, &id, &err);
 		if (ret) {
 			fprintf(stderr, "sm70-bench decode: %s\n", err.msg);
@@ -122,18 +116,18 @@ static int run_one(const char *model, const struct sm70_engine_opts *eo, int bat
 	{
 		const struct sm70_model_config *mc = sm70_engine_model_config(e);
 		double kv_tok = 2.0 * mc->n_layers * mc->n_kv_heads * mc->head_dim *
-				(eo->kv_dtype == SM70_DTYPE_F8E4M3 ? 1 : eo->kv_dtype ==
-				 SM70_DTYPE_F32 ? 4 : 2);
+				(double)sm70_dtype_size(eo->kv_dtype);
 		struct sm70_engine_stats st;
 		sm70_engine_get_stats(e, &st);
-		*weight_bytes = (double)st.weight_bytes;
 		/* mean context over the timed steps */
-		*step_bytes = *weight_bytes + batch * kv_tok * (ctx + warm + steps / 2.0);
+		*step_bytes = (double)st.weight_bytes + batch * kv_tok * (ctx + warm + steps / 2.0);
 	}
+	while (sm70_engine_busy(e))
+		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
+			goto out;
 	ret = 0;
 out:
 	free(prompt);
-	sm70_engine_close(e);
 	return ret < 0 ? ret : 0;
 }
 
@@ -147,7 +141,10 @@ int sm70__bench_decode(int argc, char **argv)
 		{ "bw-gbs", required_argument, 0, 'w' }, { 0, 0, 0, 0 },
 	};
 	struct sm70_engine_opts eo;
+	struct sm70_engine *e = NULL;
+	struct sm70_err err = { { 0 } };
 	const char *model = NULL;
+	int ret;
 	int batches[8] = { 1, 8, 16 }, n_b = 3, ctxs[8] = { 1024, 16384 }, n_c = 2, steps = 32;
 	double kv_gib = 48, bw = 0;
 	int o;
@@ -179,16 +176,28 @@ int sm70__bench_decode(int argc, char **argv)
 		return 2;
 	}
 	eo.kv_bytes = (size_t)(kv_gib * (1u << 30));
-	printf("decode: %s, backend %s, %s weights, KV %s, %d timed steps\n", model, eo.backend,
-	       eo.dummy_weights ? "dummy" : "checkpoint", sm70_dtype_name(eo.kv_dtype), steps);
+	eo.max_seqs = 16;
+	for (int i = 0; i < n_b; i++)
+		if (batches[i] > eo.max_seqs)
+			eo.max_seqs = batches[i];
+	ret = sm70_engine_open(&e, model, &eo, &err);
+	if (ret) {
+		fprintf(stderr, "sm70-bench decode: %s\n", err.msg);
+		return 1;
+	}
+	printf("decode: %s, backend %s, %s weights, KV %s, %d timed steps, graphs %s\n", model,
+	       eo.backend, eo.dummy_weights ? "dummy" : "checkpoint",
+	       sm70_dtype_name(eo.kv_dtype), steps,
+	       getenv("SM70_GRAPHS") && !strcmp(getenv("SM70_GRAPHS"), "0") ? "off" : "on");
 	printf("%6s %7s %12s %12s %14s %10s\n", "batch", "ctx", "tokens/s", "step ms",
 	       "GB read/step", bw > 0 ? "roofline" : "GB/s");
 	for (int i = 0; i < n_b; i++) {
 		for (int j = 0; j < n_c; j++) {
-			double tps = 0, bytes = 0, wbytes = 0;
-			eo.max_seqs = batches[i] < 16 ? 16 : batches[i];
-			if (run_one(model, &eo, batches[i], ctxs[j], steps, &tps, &bytes, &wbytes))
+			double tps = 0, bytes = 0;
+			if (run_one(e, &eo, batches[i], ctxs[j], steps, &tps, &bytes)) {
+				sm70_engine_close(e);
 				return 1;
+			}
 			double step_s = batches[i] / tps;
 			double gbs = bytes / step_s / 1e9;
 			if (bw > 0)
@@ -197,7 +206,9 @@ int sm70__bench_decode(int argc, char **argv)
 			else
 				printf("%6d %7d %12.1f %12.3f %14.2f %10.0f\n", batches[i], ctxs[j],
 				       tps, step_s * 1e3, bytes / 1e9, gbs);
+			fflush(stdout);
 		}
 	}
+	sm70_engine_close(e);
 	return 0;
 }

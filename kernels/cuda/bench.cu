@@ -1,0 +1,501 @@
+/*
+ * bench.cu - what sm70-bench times on the GPU (see bench.h): a read-bandwidth kernel, the
+ * D2D copy, the backend's matmul and attention ops on decode shapes, and cuBLAS.
+ *
+ * Every measurement launches on the backend's own stream (the ops are timed exactly as the
+ * engine calls them) between CUDA events; one sample is a run of back-to-back launches that
+ * walks once through enough copies of the inputs to exceed three times the L2, so no launch
+ * finds its weights or cache in L2. The time of a launch is the sample's time over its
+ * launch count; the figure reported is the median sample after a few warm-up samples.
+ * Inputs are pseudo-random (never zeros), made on the device by a hash so that gigabytes
+ * need no host upload.
+ *
+ * Non-goals: correctness beyond a sanity comparison with cuBLAS (tests/gpu does that).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_check.h"
+
+extern "C" {
+#include "kernels/cuda/bench.h"
+}
+
+static struct {
+	struct sm70_backend *be;
+	struct sm70__cuda *c;
+	cudaEvent_t ev0, ev1;
+	size_t l2;
+	unsigned *sink;
+} bench;
+
+#define BCHECK(call)                                                                     \
+	do {                                                                             \
+		cudaError_t e_ = (call);                                                 \
+		if (e_ != cudaSuccess) {                                                 \
+			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,    \
+				cudaGetErrorString(e_));                                 \
+			ret = -EIO;                                                      \
+			goto out;                                                        \
+		}                                                                        \
+	} while (0)
+
+extern "C" int sm70__bench_available(void)
+{
+	return 1;
+}
+
+extern "C" int sm70__bench_open(int device, char *desc, size_t desc_len, char *msg,
+				size_t msg_len)
+{
+	struct sm70_err err = { { 0 } };
+	cudaDeviceProp p;
+	int ret, clk = 0, mclk = 0;
+
+	ret = sm70_backend_cuda_create(&bench.be, device, &err);
+	if (ret) {
+		snprintf(msg, msg_len, "%s", err.msg);
+		return ret;
+	}
+	bench.c = (struct sm70__cuda *)bench.be->priv;
+	ret = 0;
+	BCHECK(cudaGetDeviceProperties(&p, device));
+	cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, device);
+	cudaDeviceGetAttribute(&mclk, cudaDevAttrMemoryClockRate, device);
+	bench.l2 = (size_t)p.l2CacheSize;
+	snprintf(desc, desc_len,
+		 "%s, sm_%d%d, %d SMs, L2 %.0f MB, %.1f GiB, max SM clock %d MHz, "
+		 "memory clock %d MHz, bus %d bit",
+		 p.name, p.major, p.minor, p.multiProcessorCount, p.l2CacheSize / 1e6,
+		 p.totalGlobalMem / 1073741824.0, clk / 1000, mclk / 1000, p.memoryBusWidth);
+	BCHECK(cudaEventCreate(&bench.ev0));
+	BCHECK(cudaEventCreate(&bench.ev1));
+	BCHECK(cudaMalloc(&bench.sink, 4 << 20));
+out:
+	if (ret)
+		snprintf(msg, msg_len, "CUDA setup failed");
+	return ret;
+}
+
+extern "C" void sm70__bench_close(void)
+{
+	if (!bench.be)
+		return;
+	cudaStreamSynchronize(bench.c->stream);
+	if (bench.sink)
+		cudaFree(bench.sink);
+	if (bench.ev1)
+		cudaEventDestroy(bench.ev1);
+	if (bench.ev0)
+		cudaEventDestroy(bench.ev0);
+	sm70_backend_destroy(bench.be);
+	memset(&bench, 0, sizeof(bench));
+}
+
+/* ---- inputs ------------------------------------------------------------------------ */
+
+static __device__ __forceinline__ uint32_t hash32(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ULL;
+	x ^= x >> 33;
+	return (uint32_t)x;
+}
+
+/* f16 values uniform in [-amp, amp). */
+static __global__ void fill_f16_kernel(__half *p, size_t n, uint64_t seed, float amp)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		float u = (float)(hash32(seed + i) >> 8) * 0x1p-24f;
+
+		p[i] = __float2half_rn((2.0f * u - 1.0f) * amp);
+	}
+}
+
+/* e4m3 bytes of magnitude below 2^3 (no NaN codes), random sign. */
+static __global__ void fill_e4m3_kernel(uint8_t *p, size_t n, uint64_t seed)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		uint32_t h = hash32(seed + i);
+
+		p[i] = (uint8_t)((h & 0x80u) | ((h >> 8) % 0x50u));
+	}
+}
+
+static int fill_f16(void *p, size_t n, uint64_t seed, float amp)
+{
+	fill_f16_kernel<<<1024, 256, 0, bench.c->stream>>>((__half *)p, n, seed, amp);
+	return cudaGetLastError() == cudaSuccess ? 0 : -EIO;
+}
+
+static int fill_e4m3(void *p, size_t n, uint64_t seed)
+{
+	fill_e4m3_kernel<<<1024, 256, 0, bench.c->stream>>>((uint8_t *)p, n, seed);
+	return cudaGetLastError() == cudaSuccess ? 0 : -EIO;
+}
+
+/* ---- timing ------------------------------------------------------------------------ */
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * Median microseconds of one launch: `launch(ctx, i)` queues launch i (i walks 0..
+ * per_sample-1); a sample times per_sample launches. 3 warm-up samples, then iters.
+ */
+typedef int (*launch_fn)(void *ctx, int i);
+
+static int time_median(launch_fn launch, void *ctx, int per_sample, int iters, double *us)
+{
+	double *t = (double *)calloc((size_t)iters, sizeof(double));
+	cudaStream_t s = bench.c->stream;
+	int ret = 0;
+
+	if (!t)
+		return -ENOMEM;
+	for (int it = -3; it < iters; it++) {
+		float ms = 0.0f;
+
+		BCHECK(cudaEventRecord(bench.ev0, s));
+		for (int i = 0; i < per_sample; i++) {
+			ret = launch(ctx, i);
+			if (ret)
+				goto out;
+		}
+		BCHECK(cudaEventRecord(bench.ev1, s));
+		BCHECK(cudaEventSynchronize(bench.ev1));
+		BCHECK(cudaEventElapsedTime(&ms, bench.ev0, bench.ev1));
+		if (it >= 0)
+			t[it] = (double)ms * 1e3 / per_sample;
+	}
+	qsort(t, (size_t)iters, sizeof(double), cmp_double);
+	*us = t[iters / 2];
+	if (bench.c->sticky)
+		ret = -EIO;
+out:
+	free(t);
+	return ret;
+}
+
+/* How many copies of `bytes` of input make every launch miss L2: three L2s' worth. */
+static int copies_for(double bytes, int most)
+{
+	int n = (int)(3.0 * (double)bench.l2 / bytes) + 1;
+
+	if (n < 2)
+		n = 2;
+	return n < most ? n : most;
+}
+
+/* ---- bandwidth ------------------------------------------------------------------------ */
+
+/* Reads n uint4 (4 in flight a thread) and folds them so the loads stay. */
+static __global__ void read_kernel(const uint4 *__restrict__ p, size_t n, unsigned *sink)
+{
+	const size_t stride = (size_t)gridDim.x * blockDim.x;
+	size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+	unsigned acc = 0;
+
+	for (; i + 3 * stride < n; i += 4 * stride) {
+		uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride);
+		uint4 c = __ldcs(p + i + 2 * stride), d = __ldcs(p + i + 3 * stride);
+
+		acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
+		acc ^= c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+	}
+	for (; i < n; i += stride) {
+		uint4 a = __ldcs(p + i);
+
+		acc ^= a.x ^ a.y ^ a.z ^ a.w;
+	}
+	if (acc == 0x9e3779b9u) /* practically never: keeps the loads */
+		sink[threadIdx.x] = acc;
+}
+
+struct bw_ctx {
+	void *buf;
+	size_t bytes;
+	int grid;
+};
+
+static int launch_read(void *vctx, int i)
+{
+	struct bw_ctx *x = (struct bw_ctx *)vctx;
+
+	read_kernel<<<x->grid, 512, 0, bench.c->stream>>>((const uint4 *)x->buf, x->bytes / 16,
+							   bench.sink);
+	return cudaGetLastError() == cudaSuccess ? 0 : -EIO;
+}
+
+static int launch_copy(void *vctx, int i)
+{
+	struct bw_ctx *x = (struct bw_ctx *)vctx;
+	size_t half = x->bytes / 2;
+
+	return cudaMemcpyAsync((char *)x->buf + half, x->buf, half, cudaMemcpyDeviceToDevice,
+			       bench.c->stream) == cudaSuccess ? 0 : -EIO;
+}
+
+extern "C" int sm70__bench_bw(size_t bytes, int iters, double *read_gbs, double *copy_gbs)
+{
+	struct bw_ctx x = { NULL, bytes & ~(size_t)4095, bench.c->n_sm * 4 };
+	double us = 0.0;
+	int ret = 0;
+
+	BCHECK(cudaMalloc(&x.buf, x.bytes));
+	ret = fill_f16(x.buf, x.bytes / 2, 1, 1.0f);
+	if (!ret)
+		ret = time_median(launch_read, &x, 4, iters, &us);
+	if (ret)
+		goto out;
+	*read_gbs = (double)x.bytes / us * 1e-3;
+	ret = time_median(launch_copy, &x, 4, iters, &us);
+	if (ret)
+		goto out;
+	*copy_gbs = (double)x.bytes / us * 1e-3; /* bytes/2 read + bytes/2 written */
+out:
+	if (x.buf)
+		cudaFree(x.buf);
+	return ret;
+}
+
+/* ---- GEMV ------------------------------------------------------------------------ */
+
+struct gemv_ctx {
+	int ncopies;
+	struct sm70_weight *w;
+	void *x, *y;
+	int n;
+};
+
+static int launch_gemv(void *vctx, int i)
+{
+	struct gemv_ctx *g = (struct gemv_ctx *)vctx;
+
+	bench.be->ops->matmul(bench.be, g->y, 0, g->x, &g->w[i % g->ncopies], g->n);
+	return bench.c->sticky;
+}
+
+static int launch_cublas(void *vctx, int i)
+{
+	struct gemv_ctx *g = (struct gemv_ctx *)vctx;
+	const struct sm70_weight *w = &g->w[i % g->ncopies];
+	const float alpha = 1.0f, beta = 0.0f;
+
+	return cublasGemmEx(bench.c->blas, CUBLAS_OP_T, CUBLAS_OP_N, w->rows, g->n, w->cols,
+			    &alpha, w->data, CUDA_R_16F, w->cols, g->x, CUDA_R_16F, w->cols,
+			    &beta, g->y, CUDA_R_16F, w->rows, CUBLAS_COMPUTE_32F,
+			    CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS ? 0 : -EIO;
+}
+
+extern "C" int sm70__bench_gemv(int rows, int cols, int n, int iters,
+				struct sm70__bench_gemv *out)
+{
+	const size_t wbytes = (size_t)rows * cols * 2;
+	struct sm70_weight w[64];
+	struct gemv_ctx g = { 0, w, NULL, NULL, n };
+	float *ya = NULL, *yb = NULL;
+	const size_t ny = (size_t)n * rows;
+	int ret = 0, per;
+
+	memset(w, 0, sizeof(w));
+	g.ncopies = copies_for((double)wbytes, 64);
+	for (int i = 0; i < g.ncopies; i++) {
+		w[i] = (struct sm70_weight){ SM70_DTYPE_F16, rows, cols, NULL };
+		BCHECK(cudaMalloc(&w[i].data, wbytes));
+		ret = fill_f16(w[i].data, wbytes / 2, 1000 + 77 * i, 0.03f);
+		if (ret)
+			goto out;
+	}
+	BCHECK(cudaMalloc(&g.x, (size_t)n * cols * 2));
+	BCHECK(cudaMalloc(&g.y, ny * 4));
+	ret = fill_f16(g.x, (size_t)n * cols, 7, 1.0f);
+	if (ret)
+		goto out;
+
+	/* sanity: ours vs cuBLAS in f32 */
+	ya = (float *)malloc(ny * 4);
+	yb = (float *)malloc(ny * 4);
+	if (!ya || !yb) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	bench.be->ops->matmul(bench.be, g.y, 1, g.x, &w[0], n);
+	BCHECK(cudaMemcpyAsync(ya, g.y, ny * 4, cudaMemcpyDeviceToHost, bench.c->stream));
+	{
+		const float alpha = 1.0f, beta = 0.0f;
+
+		if (cublasGemmEx(bench.c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &alpha,
+				 w[0].data, CUDA_R_16F, cols, g.x, CUDA_R_16F, cols, &beta, g.y,
+				 CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
+				 CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+			ret = -EIO;
+			goto out;
+		}
+	}
+	BCHECK(cudaMemcpyAsync(yb, g.y, ny * 4, cudaMemcpyDeviceToHost, bench.c->stream));
+	BCHECK(cudaStreamSynchronize(bench.c->stream));
+	{
+		double md = 0.0, mr = 0.0;
+
+		for (size_t i = 0; i < ny; i++) {
+			double d = fabs((double)ya[i] - (double)yb[i]);
+
+			if (!(d <= md))
+				md = d; /* NaN sticks */
+			if (fabs((double)yb[i]) > mr)
+				mr = fabs((double)yb[i]);
+		}
+		out->max_rel = mr > 0 ? md / mr : md;
+	}
+
+	per = g.ncopies < 8 ? 8 / g.ncopies * g.ncopies : g.ncopies;
+	ret = time_median(launch_gemv, &g, per, iters, &out->us);
+	if (!ret)
+		ret = time_median(launch_cublas, &g, per, iters, &out->us_cublas);
+	out->bytes = (double)wbytes + (double)n * cols * 2 + (double)n * rows * 2;
+out:
+	free(ya);
+	free(yb);
+	if (g.y)
+		cudaFree(g.y);
+	if (g.x)
+		cudaFree(g.x);
+	for (int i = 0; i < g.ncopies; i++)
+		if (w[i].data)
+			cudaFree(w[i].data);
+	return ret;
+}
+
+/* ---- attention ------------------------------------------------------------------------ */
+
+struct attn_ctx {
+	int ncopies;
+	struct sm70_kv_layer kv[128];
+	struct sm70_kv_layout lay;
+	struct sm70_batch b;
+	void *q, *out;
+	int n_heads, q_ld;
+	float scale;
+};
+
+static int launch_attn(void *vctx, int i)
+{
+	struct attn_ctx *a = (struct attn_ctx *)vctx;
+
+	bench.be->ops->attention(bench.be, a->out, a->q, a->q_ld, &a->kv[i % a->ncopies],
+				 &a->lay, &a->b, a->n_heads, a->scale);
+	return bench.c->sticky;
+}
+
+extern "C" int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int batch, int ctx,
+				     int iters, struct sm70__bench_attn *out)
+{
+	const int bs = 16, per_seq = (ctx + bs - 1) / bs, n_blocks = per_seq * batch;
+	const size_t esz = fp8 ? 1 : 2;
+	const size_t cache = (size_t)n_blocks * bs * n_kv * D * esz;
+	struct attn_ctx *a = (struct attn_ctx *)calloc(1, sizeof(*a));
+	int32_t *h_pos = NULL, *h_seq = NULL, *h_bt = NULL, *perm = NULL;
+	int32_t *d_ints = NULL;
+	uint64_t rng = 0x1234567ULL;
+	int ret = 0, per;
+
+	if (!a)
+		return -ENOMEM;
+	h_pos = (int32_t *)malloc(batch * 4);
+	h_seq = (int32_t *)malloc(batch * 4);
+	h_bt = (int32_t *)malloc((size_t)n_blocks * 4);
+	perm = (int32_t *)malloc((size_t)n_blocks * 4);
+	if (!h_pos || !h_seq || !h_bt || !perm) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	/* A shuffled pool, as after some churn of the block allocator. */
+	for (int i = 0; i < n_blocks; i++)
+		perm[i] = i;
+	for (int i = n_blocks - 1; i > 0; i--) {
+		int j, t;
+
+		rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+		j = (int)((rng >> 33) % (uint64_t)(i + 1));
+		t = perm[i];
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+	for (int s = 0; s < batch; s++) {
+		h_pos[s] = ctx - 1;
+		h_seq[s] = s;
+		for (int j = 0; j < per_seq; j++)
+			h_bt[s * per_seq + j] = perm[s * per_seq + j];
+	}
+	BCHECK(cudaMalloc(&d_ints, (size_t)(2 * batch + n_blocks) * 4));
+	BCHECK(cudaMemcpy(d_ints, h_pos, batch * 4, cudaMemcpyHostToDevice));
+	BCHECK(cudaMemcpy(d_ints + batch, h_seq, batch * 4, cudaMemcpyHostToDevice));
+	BCHECK(cudaMemcpy(d_ints + 2 * batch, h_bt, (size_t)n_blocks * 4,
+			  cudaMemcpyHostToDevice));
+
+	a->lay = (struct sm70_kv_layout){ fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, n_blocks, bs,
+					  n_kv, D };
+	a->b = (struct sm70_batch){ .n_tokens = batch, .n_seqs = batch, .max_blocks = per_seq,
+				    .max_pos = ctx, .tok_ids = NULL, .tok_pos = d_ints,
+				    .tok_seq = d_ints + batch, .tok_slot = NULL,
+				    .block_tables = d_ints + 2 * batch, .n_out = 0,
+				    .out_rows = NULL };
+	a->n_heads = n_heads;
+	a->q_ld = (n_heads + 2 * n_kv) * D;
+	a->scale = 1.0f / sqrtf((float)D);
+	a->ncopies = copies_for(2.0 * (double)cache, 128);
+	for (int i = 0; i < a->ncopies; i++) {
+		a->kv[i].k_scale = 0.05f;
+		a->kv[i].v_scale = 0.04f;
+		BCHECK(cudaMalloc(&a->kv[i].k, cache));
+		BCHECK(cudaMalloc(&a->kv[i].v, cache));
+		if (fp8)
+			ret = fill_e4m3(a->kv[i].k, cache, 31 * i + 1) ||
+			      fill_e4m3(a->kv[i].v, cache, 31 * i + 2);
+		else
+			ret = fill_f16(a->kv[i].k, cache / 2, 31 * i + 1, 1.0f) ||
+			      fill_f16(a->kv[i].v, cache / 2, 31 * i + 2, 1.0f);
+		if (ret) {
+			ret = -EIO;
+			goto out;
+		}
+	}
+	BCHECK(cudaMalloc(&a->q, (size_t)batch * a->q_ld * 2));
+	BCHECK(cudaMalloc(&a->out, (size_t)batch * n_heads * D * 2));
+	ret = fill_f16(a->q, (size_t)batch * a->q_ld, 99, 2.0f);
+	if (ret)
+		goto out;
+	per = a->ncopies < 8 ? 8 / a->ncopies * a->ncopies : a->ncopies;
+	ret = time_median(launch_attn, a, per, iters, &out->us);
+	out->bytes = 2.0 * (double)batch * ctx * n_kv * D * esz +
+		     (double)batch * n_heads * D * 2 * 2;
+out:
+	if (a->out)
+		cudaFree(a->out);
+	if (a->q)
+		cudaFree(a->q);
+	for (int i = a->ncopies - 1; i >= 0; i--) {
+		if (a->kv[i].v)
+			cudaFree(a->kv[i].v);
+		if (a->kv[i].k)
+			cudaFree(a->kv[i].k);
+	}
+	if (d_ints)
+		cudaFree(d_ints);
+	free(perm);
+	free(h_bt);
+	free(h_seq);
+	free(h_pos);
+	free(a);
+	return ret;
+}

@@ -1,0 +1,57 @@
+/*
+ * bench.h - device-side helpers of the sm70-bench tool: a read-bandwidth kernel, timed
+ * runs of the CUDA backend's matmul and attention ops on decode shapes, and cuBLAS as the
+ * GEMV baseline.
+ *
+ * A plain C header (tools are compiled by gcc without SM70_HAVE_CUDA): CUDA builds get the
+ * implementation in kernels/cuda/bench.cu, CPU-only builds the stubs in
+ * kernels/cuda_absent/bench_absent.c, whose sm70__bench_available() returns 0 and whose
+ * other functions return -ENODEV.
+ *
+ * Times are medians over `iters` samples of CUDA-event-timed launches on the backend's
+ * stream, after warm-up; inputs are rotated over enough copies that every launch reads
+ * from device memory, not from L2. Not thread-safe: one bench session per process.
+ * Non-goals: end-to-end model timing (that is sm70-run's job).
+ */
+#ifndef SM70_KERNELS_CUDA_BENCH_H
+#define SM70_KERNELS_CUDA_BENCH_H
+
+#include <stddef.h>
+
+/* 1 when this build has the CUDA backend, else 0. */
+int sm70__bench_available(void);
+
+/* Opens a CUDA backend on `device` for the helpers below and writes a one-line
+ * description (name, SMs, L2, clocks) into desc. Returns 0 or -errno (msg says why). */
+int sm70__bench_open(int device, char *desc, size_t desc_len, char *msg, size_t msg_len);
+
+/* Releases what sm70__bench_open and the helpers allocated. Safe to call twice. */
+void sm70__bench_close(void);
+
+/* Read bandwidth (a kernel that reads `bytes` once, 16 bytes a thread) and device-to-device
+ * copy bandwidth (cudaMemcpyAsync of bytes/2, counting bytes read plus written), both in
+ * GB/s. Returns 0 or -errno. */
+int sm70__bench_bw(size_t bytes, int iters, double *read_gbs, double *copy_gbs);
+
+struct sm70__bench_gemv {
+	double us;          /* the backend's matmul op (its fast path for n <= 16) */
+	double us_cublas;   /* cublasGemmEx, f16 in, fp32 compute, f16 out */
+	double bytes;       /* W + x + y bytes of one call */
+	double max_rel;     /* max |ours - cublas| / max |cublas| over y (f32 out) */
+};
+
+/* y[n, rows] = x[n, cols] W^T with f16 W, f16 y. Returns 0 or -errno. */
+int sm70__bench_gemv(int rows, int cols, int n, int iters, struct sm70__bench_gemv *out);
+
+struct sm70__bench_attn {
+	double us;          /* the backend's attention op, one layer */
+	double bytes;       /* KV bytes read (every token's context once) + q + out */
+};
+
+/* Decode attention of `batch` sequences at context `ctx` (each token at position ctx-1),
+ * n_heads query heads over n_kv KV heads of head_dim D, f16 or FP8 KV in a paged cache of
+ * 16-token blocks whose order is shuffled. Returns 0 or -errno. */
+int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int batch, int ctx,
+			  int iters, struct sm70__bench_attn *out);
+
+#endif

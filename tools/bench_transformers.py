@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Baseline for `sm70-bench decode`: transformers decoding a randomly initialised model
+(same config.json) with a static KV cache, fp16, on the same GPU.
+
+Method: for each batch size B and context C, prefill B prompts of C tokens into a
+StaticCache, then time `--steps` greedy decode steps (one forward of B tokens each, argmax
+on the GPU, CUDA-synchronised at the end). Prints tokens/s in the table format of
+sm70-bench decode. Non-goals: torch.compile, sampling cost.
+
+Usage: python3 tools/bench_transformers.py -m tools/bench/qwen3-8b --batch 1,8,16 --ctx 1024,16384
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
+
+
+def make_cache(cfg, batch, length):
+    for kw in (dict(config=cfg, max_batch_size=batch, max_cache_len=length, device="cuda",
+                    dtype=torch.float16),
+               dict(config=cfg, max_cache_len=length)):
+        try:
+            return StaticCache(**kw)
+        except TypeError:
+            continue
+    raise RuntimeError("cannot construct a StaticCache with this transformers version")
+
+
+@torch.no_grad()
+def run(model, cfg, batch, ctx, steps):
+    cache = make_cache(cfg, batch, ctx + steps + 8)
+    ids = torch.randint(0, cfg.vocab_size, (batch, ctx), device="cuda")
+    pos = torch.arange(ctx, device="cuda")
+    out = model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True)
+    tok = out.logits[:, -1].argmax(-1, keepdim=True)
+    del out
+    for i in range(3):  # warm-up decode steps
+        p = torch.tensor([ctx + i], device="cuda")
+        tok = model(input_ids=tok, past_key_values=cache, cache_position=p,
+                    use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        p = torch.tensor([ctx + 3 + i], device="cuda")
+        tok = model(input_ids=tok, past_key_values=cache, cache_position=p,
+                    use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    del cache
+    torch.cuda.empty_cache()
+    return batch * steps / dt, dt / steps
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("--batch", default="1,8,16")
+    ap.add_argument("--ctx", default="1024,16384")
+    ap.add_argument("--steps", type=int, default=32)
+    a = ap.parse_args()
+    cfg = AutoConfig.from_pretrained(a.model)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float16,
+                                                 attn_implementation="sdpa").eval()
+    print("transformers %s, torch %s, %s: static cache, fp16, sdpa, %d timed steps" %
+          (transformers.__version__, torch.__version__, os.path.basename(a.model.rstrip("/")),
+           a.steps))
+    print("%6s %7s %12s %12s" % ("batch", "ctx", "tokens/s", "step ms"))
+    for b in map(int, a.batch.split(",")):
+        for c in map(int, a.ctx.split(",")):
+            tps, step = run(model, cfg, b, c, a.steps)
+            print("%6d %7d %12.1f %12.3f" % (b, c, tps, step * 1e3), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+/*
+ * sm70-bench - the benchmark driver.
+ *
+ *   sm70-bench bw|gemv|attention|all [--iters N] [--device N]
+ *   sm70-bench decode -m MODEL_DIR ...      end-to-end decode (tools/bench/decode.c)
+ *   sm70-bench ipc ...                      the transport alone (tools/bench/ipc.c)
+ *
+ * The first form: decode-path micro-benchmarks of the CUDA backend: read and copy
+ * bandwidth, the matmul op on Qwen3-8B GEMV shapes (with cuBLAS as the baseline in the same
+ * run), and the attention op on GQA-6 head_dim-256 shapes at 1K and 16K context, f16 and
+ * FP8 KV.
+ *
+ * Every row prints the median time of one op, the bytes it must read over that time, and
+ * that as a fraction of the read bandwidth (a plain read kernel) and of the D2D copy
+ * bandwidth measured in the same run. The PyTorch baselines come from
+ * tools/bench_baselines.py, which prints the same table. Exit codes: 0 done, 1 a CUDA
+ * failure, 2 bad arguments or a build without CUDA.
+ *
+ * Non-goals: correctness (tests/gpu).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/bench.h"
+#include "tools/bench/bench.h"
+
+struct ref_bw {
+	double read, copy;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: sm70-bench bw|gemv|attention|all [--iters N] [--device N]\n"
+		   "       sm70-bench decode -m MODEL_DIR [options]   (decode --help)\n"
+		   "       sm70-bench ipc [options]                   (ipc --help)\n");
+}
+
+static void row(const char *name, double us, double bytes, const struct ref_bw *bw,
+		const char *extra)
+{
+	double gbs = bytes / us * 1e-3;
+
+	printf("%-34s %10.2f %9.1f %7.1f%% %7.1f%%  %s\n", name, us, gbs, 100.0 * gbs / bw->read,
+	       100.0 * gbs / bw->copy, extra);
+}
+
+static void header(const char *extra)
+{
+	printf("%-34s %10s %9s %8s %8s  %s\n", "case", "us", "GB/s", "%read", "%copy", extra);
+}
+
+static int run_bw(int iters, struct ref_bw *bw, int print)
+{
+	const size_t bytes = (size_t)2 << 30;
+	int ret = sm70__bench_bw(bytes, iters, &bw->read, &bw->copy);
+
+	if (ret) {
+		fprintf(stderr, "sm70-bench: bandwidth: error %d\n", ret);
+		return ret;
+	}
+	if (print) {
+		printf("\n== bandwidth (2 GiB buffer, median of %d)\n", iters);
+		printf("read kernel (16 B loads)          %9.1f GB/s\n", bw->read);
+		printf("D2D copy (read + write bytes)     %9.1f GB/s\n", bw->copy);
+	}
+	return 0;
+}
+
+static int run_gemv(int iters, const struct ref_bw *bw)
+{
+	static const struct {
+		const char *name;
+		int rows, cols;
+	} shapes[] = {
+		{ "qkv", 6144, 4096 },     { "o", 4096, 4096 },
+		{ "gate_up", 24576, 4096 }, { "down", 4096, 12288 },
+		{ "lm_head", 151936, 4096 },
+	};
+	static const int ns[] = { 1, 2, 4, 8, 16 };
+	double tot[5] = { 0 }, tot_cb[5] = { 0 }, tot_bytes[5] = { 0 };
+
+	printf("\n== GEMV: y[n, rows] = x[n, cols] W^T, f16 W (Qwen3-8B shapes), median of %d\n",
+	       iters);
+	header("cuBLAS us  cuBLAS %read  speedup  max rel vs cuBLAS");
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+		for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
+			struct sm70__bench_gemv r;
+			char name[64], extra[128];
+			int ret = sm70__bench_gemv(shapes[s].rows, shapes[s].cols, ns[k], iters,
+						   &r);
+
+			if (ret) {
+				fprintf(stderr, "sm70-bench: gemv %s: error %d\n", shapes[s].name,
+					ret);
+				return ret;
+			}
+			snprintf(name, sizeof(name), "gemv %s %dx%d B%d", shapes[s].name,
+				 shapes[s].rows, shapes[s].cols, ns[k]);
+			snprintf(extra, sizeof(extra), "%9.2f %12.1f%% %7.2fx  %.1e", r.us_cublas,
+				 100.0 * r.bytes / r.us_cublas * 1e-3 / bw->read,
+				 r.us_cublas / r.us, r.max_rel);
+			row(name, r.us, r.bytes, bw, extra);
+			if (s < 4) { /* one decoder layer: qkv + o + gate_up + down */
+				tot[k] += r.us;
+				tot_cb[k] += r.us_cublas;
+				tot_bytes[k] += r.bytes;
+			}
+		}
+	}
+	for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
+		char name[64], extra[128];
+
+		snprintf(name, sizeof(name), "gemv layer total B%d", ns[k]);
+		snprintf(extra, sizeof(extra), "%9.2f %12.1f%% %7.2fx", tot_cb[k],
+			 100.0 * tot_bytes[k] / tot_cb[k] * 1e-3 / bw->read, tot_cb[k] / tot[k]);
+		row(name, tot[k], tot_bytes[k], bw, extra);
+	}
+	return 0;
+}
+
+static int run_attention(int iters, const struct ref_bw *bw)
+{
+	static const int batches[] = { 1, 8, 16 }, ctxs[] = { 1024, 16384 };
+	double us16[3][2] = { { 0 } };
+
+	printf("\n== attention decode: 24 q heads / 4 KV heads, head_dim 256, paged (16-token "
+	       "blocks, shuffled), median of %d\n", iters);
+	header("");
+	for (int fp8 = 0; fp8 < 2; fp8++) {
+		for (int c = 0; c < 2; c++) {
+			for (int bi = 0; bi < 3; bi++) {
+				struct sm70__bench_attn r;
+				char name[64], extra[64] = "";
+				int ret = sm70__bench_attention(24, 4, 256, fp8, batches[bi],
+								ctxs[c], iters, &r);
+
+				if (ret) {
+					fprintf(stderr, "sm70-bench: attention: error %d\n", ret);
+					return ret;
+				}
+				snprintf(name, sizeof(name), "attn %s ctx%dK B%d",
+					 fp8 ? "fp8" : "f16", ctxs[c] / 1024, batches[bi]);
+				if (!fp8)
+					us16[bi][c] = r.us;
+				else
+					snprintf(extra, sizeof(extra), "fp8 speedup over f16 %.2fx",
+						 us16[bi][c] / r.us);
+				row(name, r.us, r.bytes, bw, extra);
+			}
+		}
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *what = NULL;
+	int iters = 50, device = 0, ret;
+	char desc[256] = "", msg[512] = "";
+	struct ref_bw bw = { 0, 0 };
+
+	if (argc > 1 && !strcmp(argv[1], "decode"))
+		return sm70__bench_decode(argc - 1, argv + 1);
+	if (argc > 1 && !strcmp(argv[1], "ipc"))
+		return sm70__bench_ipc(argc - 1, argv + 1);
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
+			iters = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+			device = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+			usage(stdout);
+			return 0;
+		} else if (!what && (!strcmp(argv[i], "bw") || !strcmp(argv[i], "gemv") ||
+				     !strcmp(argv[i], "attention") || !strcmp(argv[i], "all"))) {
+			what = argv[i];
+		} else {
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (!what || iters < 1) {
+		usage(stderr);
+		return 2;
+	}
+	if (!sm70__bench_available()) {
+		fprintf(stderr, "sm70-bench: built without CUDA\n");
+		return 2;
+	}
+	ret = sm70__bench_open(device, desc, sizeof(desc), msg, sizeof(msg));
+	if (ret) {
+		fprintf(stderr, "sm70-bench: %s\n", msg);
+		return ret == -ENODEV ? 2 : 1;
+	}
+	printf("sm70-bench %s: %s\n", what, desc);
+	printf("matmul path: %s; attention path: %s\n",
+	       getenv("SM70_MATMUL") ? getenv("SM70_MATMUL") : "fast",
+	       getenv("SM70_ATTENTION") ? getenv("SM70_ATTENTION") : "fast");
+	/* Every table is relative to the bandwidth measured now. */
+	ret = run_bw(iters, &bw, 1);
+	if (!ret && (!strcmp(what, "gemv") || !strcmp(what, "all")))
+		ret = run_gemv(iters, &bw);
+	if (!ret && (!strcmp(what, "attention") || !strcmp(what, "all")))
+		ret = run_attention(iters, &bw);
+	sm70__bench_close();
+	return ret ? 1 : 0;
+}
