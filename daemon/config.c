@@ -1,31 +1,45 @@
 /*
- * config.c - defaults and the JSON config file; see config.h.
+ * config.c - defaults, the JSON config file and the whole-configuration checks; see
+ * config.h.
  *
  * One table per JSON object: a key's name, its type, where it lands in struct
- * sm70__config and its range. Adding a setting is one line in a table. Errors name the
- * full dotted key so that an operator can find it without reading code.
+ * sm70__config and its range or choices. Adding a setting is one line in a table. Errors
+ * name the full dotted key and the reason so that an operator can fix the file without
+ * reading code. This file uses only libc and jansson (no daemon logging), so unit tests
+ * can compile it alone.
  */
 #include "daemon/config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <jansson.h>
+#include <math.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "shm_proto/sm70_proto.h"
 
+/* A config file larger than this is certainly a mistake (a model file, say). */
+#define CFG_FILE_MAX (1u << 20)
+
 enum key_type {
 	K_U32,
 	K_U64,
-	K_PATH, /* a socket path: string, shorter than sun_path */
-	K_MODE, /* a file mode: integer or octal string such as "0660" */
-	K_UIDS, /* list of uids: integers or user names */
-	K_GIDS, /* list of gids: integers or group names */
-	K_OBJ,	/* a nested object with its own table */
+	K_BOOL,	  /* true/false, stored as uint32_t 1/0 */
+	K_FRAC,	  /* a number in (0, 1], stored as double */
+	K_PATH,	  /* a socket path: string, shorter than sun_path */
+	K_DIR,	  /* a directory path: string, shorter than SM70__CFG_DIR_MAX */
+	K_CHOICE, /* one of `choices`, copied into a char[SM70__CFG_WORD] */
+	K_MODE,	  /* a file mode: integer or octal string such as "0660" */
+	K_UIDS,	  /* list of uids: integers or user names */
+	K_GIDS,	  /* list of gids: integers or group names */
+	K_LIST,	  /* list of integers in min..max (gpus) */
+	K_OBJ,	  /* a nested object with its own table */
 };
 
 struct key {
@@ -33,66 +47,112 @@ struct key {
 	enum key_type type;
 	size_t off;
 	uint64_t min, max;
-	const struct key *sub; /* K_OBJ */
+	const struct key *sub;	     /* K_OBJ */
+	const char *const *choices; /* K_CHOICE: NULL-terminated */
+	size_t off_n;		     /* K_UIDS, K_GIDS, K_LIST: the uint32_t count */
+	uint32_t cap;		     /* K_LIST: capacity of the array */
 };
 
 #define AT(f) offsetof(struct sm70__config, f)
+/* One table line per key; the macros keep every line complete (no missing fields). */
+#define NUM(n, t, f, lo, hi) { n, t, AT(f), lo, hi, NULL, NULL, 0, 0 }
+#define STR(n, t, f) { n, t, AT(f), 0, 0, NULL, NULL, 0, 0 }
+#define CHOICE(n, f, ch) { n, K_CHOICE, AT(f), 0, 0, NULL, ch, 0, 0 }
+#define IDS(n, t, f, nf) { n, t, AT(f), 0, 0, NULL, NULL, AT(nf), 0 }
+#define OBJ(n, sub) { n, K_OBJ, 0, 0, 0, sub, NULL, 0, 0 }
+#define END { NULL, 0, 0, 0, 0, NULL, NULL, 0, 0 }
+
+static const char *const backends[] = { "cpu", "cuda", "null", NULL };
+static const char *const load_formats[] = { "auto", "dummy", NULL };
+static const char *const kv_dtypes[] = { "auto", "f32", "f16", "fp8", NULL };
+static const char *const fast_ref[] = { "fast", "reference", NULL };
 
 static const struct key limits_keys[] = {
-	{ "max_jobs_in_flight", K_U32, AT(limits.max_jobs_in_flight), 1, 65536, NULL },
-	{ "max_prompt_tokens", K_U32, AT(limits.max_prompt_tokens), 1, 1u << 24, NULL },
-	{ "max_new_tokens", K_U32, AT(limits.max_new_tokens), 1, 1u << 24, NULL },
-	{ "max_context_tokens", K_U32, AT(limits.max_context_tokens), 0, 1u << 25, NULL },
-	{ "max_priority", K_U32, AT(limits.max_priority), 0, 255, NULL },
-	{ "max_top_logprobs", K_U32, AT(limits.max_top_logprobs), 0, SM70_PROTO_MAX_TOP, NULL },
-	{ NULL, 0, 0, 0, 0, NULL },
+	NUM("max_jobs_in_flight", K_U32, limits.max_jobs_in_flight, 1, 65536),
+	NUM("max_prompt_tokens", K_U32, limits.max_prompt_tokens, 1, 1u << 24),
+	NUM("max_new_tokens", K_U32, limits.max_new_tokens, 1, 1u << 24),
+	NUM("max_context_tokens", K_U32, limits.max_context_tokens, 0, 1u << 25),
+	NUM("max_priority", K_U32, limits.max_priority, 0, 255),
+	NUM("max_top_logprobs", K_U32, limits.max_top_logprobs, 0, SM70_PROTO_MAX_TOP),
+	END,
 };
 
 static const struct key engine_keys[] = {
-	{ "max_seqs", K_U32, AT(engine.max_seqs), 1, 1024, NULL },
-	{ "max_batch_tokens", K_U32, AT(engine.max_batch_tokens), 16, 1u << 20, NULL },
-	{ "block_size", K_U32, AT(engine.block_size), 1, 4096, NULL },
-	{ "kv_bytes", K_U64, AT(engine.kv_bytes), 1u << 16, UINT64_MAX >> 1, NULL },
-	{ "n_threads", K_U32, AT(engine.n_threads), 0, 1024, NULL },
-	{ "feed_depth", K_U32, AT(engine.feed_depth), 1, 1024, NULL },
-	{ NULL, 0, 0, 0, 0, NULL },
+	NUM("max_seqs", K_U32, engine.max_seqs, 1, 1024),
+	NUM("max_batch_tokens", K_U32, engine.max_batch_tokens, 16, 1u << 20),
+	NUM("block_size", K_U32, engine.block_size, 1, 4096),
+	NUM("kv_bytes", K_U64, engine.kv_bytes, 1u << 16, UINT64_MAX >> 1),
+	NUM("kv_memory_fraction", K_FRAC, engine.kv_memory_fraction, 0, 1),
+	CHOICE("kv_dtype", engine.kv_dtype, kv_dtypes),
+	NUM("prefix_cache", K_BOOL, engine.prefix_cache, 0, 1),
+	NUM("n_threads", K_U32, engine.n_threads, 0, 1024),
+	NUM("feed_depth", K_U32, engine.feed_depth, 1, 1024),
+	END,
+};
+
+static const struct key fast_keys[] = {
+	CHOICE("matmul", fast_paths.matmul, fast_ref),
+	CHOICE("attention", fast_paths.attention, fast_ref),
+	END,
 };
 
 static const struct key rings_keys[] = {
-	{ "sq_entries", K_U32, AT(rings.sq_entries), 1, 1u << 16, NULL },
-	{ "eq_entries", K_U32, AT(rings.eq_entries), 1, 1u << 20, NULL },
-	{ "arena_tokens", K_U32, AT(rings.arena_tokens), 1, 1u << 26, NULL },
-	{ "start_index", K_U32, AT(rings.start_index), 0, UINT32_MAX, NULL },
-	{ NULL, 0, 0, 0, 0, NULL },
+	NUM("sq_entries", K_U32, rings.sq_entries, 1, 1u << 16),
+	NUM("eq_entries", K_U32, rings.eq_entries, 1, 1u << 20),
+	NUM("arena_tokens", K_U32, rings.arena_tokens, 1, 1u << 26),
+	NUM("start_index", K_U32, rings.start_index, 0, UINT32_MAX),
+	END,
 };
 
 static const struct key top_keys[] = {
-	{ "socket", K_PATH, AT(socket_path), 0, 0, NULL },
-	{ "socket_mode", K_MODE, AT(socket_mode), 0, 07777, NULL },
-	{ "allowed_uids", K_UIDS, AT(allowed_uids), 0, 0, NULL },
-	{ "allowed_gids", K_GIDS, AT(allowed_gids), 0, 0, NULL },
-	{ "max_sessions", K_U32, AT(max_sessions), 1, 65536, NULL },
-	{ "limits", K_OBJ, 0, 0, 0, limits_keys },
-	{ "engine", K_OBJ, 0, 0, 0, engine_keys },
-	{ "rings", K_OBJ, 0, 0, 0, rings_keys },
-	{ "drain_grace_ms", K_U32, AT(drain_grace_ms), 0, 24u * 3600 * 1000, NULL },
-	{ "slow_consumer_ms", K_U32, AT(slow_consumer_ms), 1, 3600u * 1000, NULL },
-	{ "slow_consumer_events", K_U32, AT(slow_consumer_events), 1, 1u << 24, NULL },
-	{ "hello_timeout_ms", K_U32, AT(hello_timeout_ms), 1, 600u * 1000, NULL },
-	{ NULL, 0, 0, 0, 0, NULL },
+	STR("model", K_DIR, model_dir),
+	CHOICE("backend", backend, backends),
+	CHOICE("load_format", load_format, load_formats),
+	{ "gpus", K_LIST, AT(gpus), 0, 255, NULL, NULL, AT(n_gpus), SM70__CFG_MAX_GPUS },
+	STR("socket", K_PATH, socket_path),
+	NUM("socket_mode", K_MODE, socket_mode, 0, 07777),
+	IDS("allowed_uids", K_UIDS, allowed_uids, n_allowed_uids),
+	IDS("allowed_gids", K_GIDS, allowed_gids, n_allowed_gids),
+	NUM("max_sessions", K_U32, max_sessions, 1, 65536),
+	STR("admin_socket", K_PATH, admin_socket_path),
+	NUM("admin_socket_mode", K_MODE, admin_socket_mode, 0, 07777),
+	IDS("admin_allowed_uids", K_UIDS, admin_allowed_uids, n_admin_allowed_uids),
+	IDS("admin_allowed_gids", K_GIDS, admin_allowed_gids, n_admin_allowed_gids),
+	OBJ("limits", limits_keys),
+	OBJ("engine", engine_keys),
+	OBJ("fast_paths", fast_keys),
+	OBJ("rings", rings_keys),
+	NUM("drain_grace_ms", K_U32, drain_grace_ms, 0, 24u * 3600 * 1000),
+	NUM("slow_consumer_ms", K_U32, slow_consumer_ms, 1, 3600u * 1000),
+	NUM("slow_consumer_events", K_U32, slow_consumer_events, 1, 1u << 24),
+	NUM("hello_timeout_ms", K_U32, hello_timeout_ms, 1, 600u * 1000),
+	END,
 };
 
+#undef END
+#undef OBJ
+#undef IDS
+#undef CHOICE
+#undef STR
+#undef NUM
 #undef AT
 
 void sm70__config_default(struct sm70__config *c)
 {
 	memset(c, 0, sizeof(*c));
+	strcpy(c->backend, "cpu");
+	strcpy(c->load_format, "auto");
+	c->gpus[c->n_gpus++] = 0;
 	strcpy(c->socket_path, "/run/sm70/sm70d.sock");
 	c->socket_mode = 0660;
 	c->allowed_uids[c->n_allowed_uids++] = 0;
 	if (getuid() != 0)
 		c->allowed_uids[c->n_allowed_uids++] = (uint32_t)getuid();
 	c->max_sessions = 256;
+	c->admin_socket_mode = 0660;
+	c->admin_allowed_uids[c->n_admin_allowed_uids++] = 0;
+	if (getuid() != 0)
+		c->admin_allowed_uids[c->n_admin_allowed_uids++] = (uint32_t)getuid();
 	c->limits.max_jobs_in_flight = 64;
 	c->limits.max_prompt_tokens = 32768;
 	c->limits.max_new_tokens = 8192;
@@ -103,6 +163,9 @@ void sm70__config_default(struct sm70__config *c)
 	c->engine.max_batch_tokens = 512;
 	c->engine.block_size = 16;
 	c->engine.kv_bytes = (uint64_t)256 << 20;
+	c->engine.kv_memory_fraction = 0;
+	strcpy(c->engine.kv_dtype, "auto");
+	c->engine.prefix_cache = 1;
 	c->engine.n_threads = 0;
 	c->engine.feed_depth = 2;
 	c->rings.sq_entries = 64;
@@ -175,6 +238,19 @@ static int parse_ids(json_t *v, int group, uint32_t *ids, uint32_t *n, const cha
 static int parse_obj(struct sm70__config *c, json_t *obj, const struct key *table,
 		     const char *prefix, struct sm70_err *err);
 
+/* "a", "b" or "c" from a NULL-terminated list, for messages. */
+static void join_choices(const char *const *ch, char *buf, size_t size)
+{
+	size_t len = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; ch[i] && len < size; i++) {
+		const char *sep = i == 0 ? "" : ch[i + 1] ? ", " : " or ";
+
+		len += (size_t)snprintf(buf + len, size - len, "%s\"%s\"", sep, ch[i]);
+	}
+}
+
 static int parse_key(struct sm70__config *c, const struct key *k, json_t *v, const char *key,
 		     struct sm70_err *err)
 {
@@ -193,14 +269,42 @@ static int parse_key(struct sm70__config *c, const struct key *k, json_t *v, con
 		else
 			*(uint64_t *)(base + k->off) = (uint64_t)x;
 		return 0;
-	case K_PATH: {
-		const char *s = json_string_value(v);
+	case K_BOOL:
+		if (!json_is_boolean(v))
+			return sm70_errf(err, -EINVAL, "%s: must be true or false", key);
+		*(uint32_t *)(base + k->off) = json_is_true(v);
+		return 0;
+	case K_FRAC: {
+		double f = json_is_number(v) ? json_number_value(v) : NAN;
 
-		if (!s || !*s || strlen(s) >= SM70__CFG_PATH_MAX)
-			return sm70_errf(err, -EINVAL, "%s: must be a path shorter than %d bytes",
-					 key, SM70__CFG_PATH_MAX);
+		if (!(f > 0 && f <= 1))
+			return sm70_errf(err, -EINVAL, "%s: must be a number in (0, 1], e.g. 0.9",
+					 key);
+		*(double *)(base + k->off) = f;
+		return 0;
+	}
+	case K_PATH:
+	case K_DIR: {
+		const char *s = json_string_value(v);
+		size_t cap = k->type == K_PATH ? SM70__CFG_PATH_MAX : SM70__CFG_DIR_MAX;
+
+		if (!s || !*s || strlen(s) >= cap)
+			return sm70_errf(err, -EINVAL, "%s: must be a path shorter than %zu bytes",
+					 key, cap);
 		strcpy(base + k->off, s);
 		return 0;
+	}
+	case K_CHOICE: {
+		const char *s = json_string_value(v);
+		char list[128];
+
+		for (int i = 0; s && k->choices[i]; i++)
+			if (strcmp(s, k->choices[i]) == 0) {
+				snprintf(base + k->off, SM70__CFG_WORD, "%s", s);
+				return 0;
+			}
+		join_choices(k->choices, list, sizeof(list));
+		return sm70_errf(err, -EINVAL, "%s: must be %s", key, list);
 	}
 	case K_MODE: {
 		unsigned long m;
@@ -225,9 +329,32 @@ bad_mode:
 		return sm70_errf(err, -EINVAL, "%s: must be a file mode such as \"0660\"", key);
 	}
 	case K_UIDS:
-		return parse_ids(v, 0, c->allowed_uids, &c->n_allowed_uids, key, err);
 	case K_GIDS:
-		return parse_ids(v, 1, c->allowed_gids, &c->n_allowed_gids, key, err);
+		return parse_ids(v, k->type == K_GIDS, (uint32_t *)(base + k->off),
+				 (uint32_t *)(base + k->off_n), key, err);
+	case K_LIST: {
+		uint32_t *arr = (uint32_t *)(base + k->off);
+		size_t i;
+		json_t *e;
+
+		if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > k->cap)
+			return sm70_errf(err, -EINVAL, "%s: must be a list of 1 to %u integers",
+					 key, k->cap);
+		json_array_foreach(v, i, e) {
+			if (!json_is_integer(e) || (x = json_integer_value(e)) < 0 ||
+			    (uint64_t)x < k->min || (uint64_t)x > k->max)
+				return sm70_errf(err, -EINVAL, "%s[%zu]: must be an integer in "
+						 "%llu..%llu", key, i, (unsigned long long)k->min,
+						 (unsigned long long)k->max);
+			for (size_t j = 0; j < i; j++)
+				if (arr[j] == (uint32_t)x)
+					return sm70_errf(err, -EINVAL, "%s[%zu]: %lld is listed "
+							 "twice", key, i, (long long)x);
+			arr[i] = (uint32_t)x;
+		}
+		*(uint32_t *)(base + k->off_n) = (uint32_t)json_array_size(v);
+		return 0;
+	}
 	case K_OBJ:
 		if (!json_is_object(v))
 			return sm70_errf(err, -EINVAL, "%s: must be an object", key);
@@ -260,17 +387,89 @@ static int parse_obj(struct sm70__config *c, json_t *obj, const struct key *tabl
 	return 0;
 }
 
+/* Reads the whole file at path into a NUL-terminated malloc'd buffer. Returns 0 or
+ * -errno with err saying why. */
+static int read_file(const char *path, char **out, size_t *len, struct sm70_err *err)
+{
+	struct stat st;
+	char *buf = NULL;
+	size_t n = 0;
+	ssize_t r;
+	int fd, ret;
+
+	*out = NULL;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return sm70_errf(err, -errno, "%s: cannot open: %s", path, strerror(errno));
+	if (fstat(fd, &st)) {
+		ret = sm70_errf(err, -errno, "%s: cannot stat: %s", path, strerror(errno));
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		ret = sm70_errf(err, S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL,
+				"%s: cannot read: not a regular file", path);
+		goto out;
+	}
+	if ((uint64_t)st.st_size > CFG_FILE_MAX) {
+		ret = sm70_errf(err, -EFBIG, "%s: cannot read: larger than %u bytes", path,
+				CFG_FILE_MAX);
+		goto out;
+	}
+	buf = malloc((size_t)st.st_size + 1);
+	if (!buf) {
+		ret = sm70_errf(err, -ENOMEM, "%s: out of memory", path);
+		goto out;
+	}
+	while (n < (size_t)st.st_size) {
+		r = read(fd, buf + n, (size_t)st.st_size - n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			ret = sm70_errf(err, -errno, "%s: cannot read: %s", path,
+					strerror(errno));
+			goto out;
+		}
+		if (r == 0)
+			break;
+		n += (size_t)r;
+	}
+	buf[n] = '\0';
+	*out = buf;
+	*len = n;
+	buf = NULL;
+	ret = 0;
+out:
+	free(buf);
+	close(fd);
+	return ret;
+}
+
 int sm70__config_load(struct sm70__config *c, const char *path, struct sm70_err *err)
 {
 	json_error_t je;
-	json_t *root;
+	json_t *root = NULL, *eng;
+	char *text;
+	size_t len = 0;
 	int ret;
 
-	root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+	ret = read_file(path, &text, &len, err);
+	if (ret)
+		return ret;
+	root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+	free(text);
 	if (!root)
-		return sm70_errf(err, -EINVAL, "%s:%d: %s", path, je.line, je.text);
+		return sm70_errf(err, -EINVAL, "%.200s: line %d column %d: not valid JSON: %.200s",
+				 path, je.line, je.column, je.text);
 	if (!json_is_object(root)) {
 		ret = sm70_errf(err, -EINVAL, "%s: the top level must be an object", path);
+		goto out;
+	}
+	/* Two ways to size the KV cache: one must win, so naming both is an error. */
+	eng = json_object_get(root, "engine");
+	if (json_is_object(eng) && json_object_get(eng, "kv_bytes") &&
+	    json_object_get(eng, "kv_memory_fraction")) {
+		ret = sm70_errf(err, -EINVAL, "%s: engine.kv_memory_fraction: cannot be used "
+				"together with engine.kv_bytes (set one)", path);
 		goto out;
 	}
 	ret = parse_obj(c, root, top_keys, "", err);
@@ -283,4 +482,37 @@ int sm70__config_load(struct sm70__config *c, const char *path, struct sm70_err 
 out:
 	json_decref(root);
 	return ret;
+}
+
+int sm70__config_check(struct sm70__config *c, struct sm70_err *err)
+{
+	struct stat st;
+
+	if (!c->model_dir[0])
+		return sm70_errf(err, -EINVAL, "model: no model directory: set \"model\" in the "
+				 "config file or pass --model DIR");
+	if (stat(c->model_dir, &st))
+		return sm70_errf(err, -errno, "model: %s: %s", c->model_dir, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return sm70_errf(err, -ENOTDIR, "model: %s: not a directory", c->model_dir);
+	if (access(c->model_dir, R_OK | X_OK))
+		return sm70_errf(err, -errno, "model: %s: cannot read: %s", c->model_dir,
+				 strerror(errno));
+	if (strcmp(c->backend, "cuda") == 0 && c->n_gpus == 0)
+		return sm70_errf(err, -EINVAL, "gpus: the cuda backend needs at least one GPU");
+	if (!c->admin_socket_path[0]) {
+		int n = snprintf(c->admin_socket_path, sizeof(c->admin_socket_path), "%s.admin",
+				 c->socket_path);
+
+		if (n < 0 || (size_t)n >= sizeof(c->admin_socket_path)) {
+			c->admin_socket_path[0] = '\0';
+			return sm70_errf(err, -ENAMETOOLONG, "admin_socket: \"%s.admin\" is longer "
+					 "than %d bytes; set admin_socket to a shorter path",
+					 c->socket_path, SM70__CFG_PATH_MAX - 1);
+		}
+	}
+	if (strcmp(c->admin_socket_path, c->socket_path) == 0)
+		return sm70_errf(err, -EINVAL, "admin_socket: must differ from socket (%s)",
+				 c->socket_path);
+	return 0;
 }

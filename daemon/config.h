@@ -1,10 +1,13 @@
 /*
- * config.h - sm70d's configuration: defaults, and a small JSON file that overrides them.
+ * config.h - sm70d's configuration: defaults, a small JSON file that overrides them, and
+ * the checks that run before anything starts.
  *
  * The parser is table-driven (config.c): each key has a type, a place in struct
- * sm70__config and a range; objects ("limits", "engine", "rings") nest tables. Unknown keys
- * are rejected and every error names the key, e.g. "limits.max_new_tokens: must be an
- * integer in 1..1048576". Non-goals: reloading at run time, environment variables.
+ * sm70__config and a range; objects ("limits", "engine", "rings", "fast_paths") nest
+ * tables. Unknown keys are rejected and every error names the key, e.g.
+ * "limits.max_new_tokens: must be an integer in 1..16777216". Command-line flags override
+ * the file (main.c writes them into the struct between load and check). docs/OBSERVABILITY.md
+ * has the reference table. Non-goals: reloading at run time, environment variables.
  */
 #ifndef SM70_DAEMON_CONFIG_H
 #define SM70_DAEMON_CONFIG_H
@@ -14,10 +17,21 @@
 
 #include "common/err.h"
 
+#define SM70__CFG_DEFAULT_PATH "/etc/sm70d/sm70d.json"
 #define SM70__CFG_MAX_IDS 64
+#define SM70__CFG_MAX_GPUS 16
 #define SM70__CFG_PATH_MAX 108 /* sizeof(sun_path) */
+#define SM70__CFG_DIR_MAX 4096
+#define SM70__CFG_WORD 16 /* one of a few choices, NUL included */
 
 struct sm70__config {
+	/* the model and where it runs */
+	char model_dir[SM70__CFG_DIR_MAX]; /* "" until the file or --model sets it */
+	char backend[SM70__CFG_WORD];	   /* "cpu" (default), "cuda" or "null" */
+	char load_format[SM70__CFG_WORD];  /* "auto" (default) or "dummy" */
+	uint32_t gpus[SM70__CFG_MAX_GPUS]; /* CUDA device ids; only gpus[0] is used today */
+	uint32_t n_gpus;
+
 	char socket_path[SM70__CFG_PATH_MAX];
 	uint32_t socket_mode; /* chmod of the socket file (default 0660) */
 	/* Access: a peer is let in if its uid is in allowed_uids or its gid (primary or
@@ -27,6 +41,16 @@ struct sm70__config {
 	uint32_t allowed_gids[SM70__CFG_MAX_IDS];
 	uint32_t n_allowed_gids;
 	uint32_t max_sessions;
+
+	/* The admin channel (admin.c): "" means socket_path + ".admin", filled in by
+	 * sm70__config_check. Its own access list, also root and the daemon's uid by
+	 * default. */
+	char admin_socket_path[SM70__CFG_PATH_MAX];
+	uint32_t admin_socket_mode; /* default 0660 */
+	uint32_t admin_allowed_uids[SM70__CFG_MAX_IDS];
+	uint32_t n_admin_allowed_uids;
+	uint32_t admin_allowed_gids[SM70__CFG_MAX_IDS];
+	uint32_t n_admin_allowed_gids;
 
 	struct {
 		uint32_t max_jobs_in_flight;
@@ -42,9 +66,22 @@ struct sm70__config {
 		uint32_t max_batch_tokens;
 		uint32_t block_size;
 		uint64_t kv_bytes;
+		/* > 0: the KV cache gets this fraction of the memory free before the model loads,
+		 * less the model's weight files (main.c); kv_bytes is then ignored */
+		double kv_memory_fraction;
+		char kv_dtype[SM70__CFG_WORD]; /* "auto" (the backend's), "f32", "f16", "fp8" */
+		uint32_t prefix_cache;	       /* 1 (default) or 0 */
 		uint32_t n_threads; /* CPU backend workers, 0: all cores */
 		uint32_t feed_depth; /* jobs kept waiting inside the engine beyond max_seqs */
 	} engine;
+
+	/* Named switches back to reference kernels ("fast" or "reference"; "" leaves the
+	 * environment alone). Exported as SM70_MATMUL / SM70_ATTENTION before the backend is
+	 * created, which is where the CUDA backend reads them. */
+	struct {
+		char matmul[SM70__CFG_WORD];
+		char attention[SM70__CFG_WORD];
+	} fast_paths;
 
 	struct {
 		uint32_t sq_entries; /* defaults for a hello that asks for 0 */
@@ -62,8 +99,16 @@ struct sm70__config {
 /* Fills c with the defaults (the socket path, access for root and getuid(), limits). */
 void sm70__config_default(struct sm70__config *c);
 
-/* Overrides c with the JSON object in file `path`. Returns 0, or -EINVAL / -ENOENT / ...
- * with err naming the file and the key. c may be partly updated on failure. */
+/* Overrides c with the JSON object in file `path`. Returns 0, or -errno (-ENOENT: no such
+ * file, -EACCES, -EISDIR, ... for a file that cannot be read; -EINVAL for bad JSON or a
+ * bad key) with err naming the file and the dotted key and saying why. c may be partly
+ * updated on failure. */
 int sm70__config_load(struct sm70__config *c, const char *path, struct sm70_err *err);
+
+/* The checks that need the whole configuration (after the file and the command-line
+ * flags): a model directory is set and is a readable directory; the admin socket path
+ * (derived from the socket path when unset) fits; gpus is not empty for the CUDA backend.
+ * Fills in derived defaults. Returns 0 or -EINVAL/-errno with err naming the key. */
+int sm70__config_check(struct sm70__config *c, struct sm70_err *err);
 
 #endif

@@ -13,8 +13,10 @@
 #include "daemon/config.h"
 #include "daemon/engine/engine.h"
 #include "daemon/loop.h"
+#include "daemon/metrics.h"
 
 struct sm70__session;
+struct sm70__admin_conn;
 
 struct sm70__daemon {
 	struct sm70__config cfg;
@@ -54,6 +56,17 @@ struct sm70__daemon {
 	uint64_t drain_deadline_us; /* then cancel what still runs */
 	int drain_killed;
 	int fatal; /* an unrecoverable failure: exit non-zero */
+
+	/* observability: counters and histograms (metrics.c, updated by session.c and
+	 * scheduler.c), the admin socket and its connections (admin.c) */
+	struct sm70__metrics metrics;
+	uint64_t kv_bytes; /* the KV budget the engine was given */
+	int admin_fd;
+	int admin_unlink; /* we bound it: unlink at exit */
+	struct sm70__watch *admin_watch;
+	struct sm70__admin_conn *admin_conns;
+	uint32_t n_admin_conns;
+	int admin_drained; /* `sm70ctl drain`: no new jobs; the daemon stays up */
 };
 
 /* CLOCK_MONOTONIC in microseconds. */

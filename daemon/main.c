@@ -1,11 +1,13 @@
 /*
  * main.c - sm70d: argument parsing, start-up, the main loop, drain and exit.
  *
- *   sm70d --model DIR [--backend cpu|cuda] [--load-format auto|dummy] [--socket PATH]
- *         [--config FILE] [--verbose]
+ *   sm70d [--model DIR] [--backend cpu|cuda|null] [--load-format auto|dummy]
+ *         [--socket PATH] [--admin-socket PATH] [--config FILE] [--check-config] [--verbose]
  *
- * Runs in the foreground and logs to stderr. Exit status: 0 after a drain (SIGTERM or
- * SIGINT), 1 on a fatal failure while running, 2 on bad arguments, config or model.
+ * The configuration is /etc/sm70d/sm70d.json (if it exists) or --config FILE; flags
+ * override it; --check-config validates it and exits. Runs in the foreground and logs to
+ * stderr. Exit status: 0 after a drain (SIGTERM or SIGINT) or a good --check-config, 1 on a
+ * fatal failure while running, 2 on bad arguments, config or model.
  *
  * One thread does everything (docs/DAEMON.md says why): each iteration collects I/O from
  * the io_uring loop (without waiting while the engine has work, else waiting until the
@@ -20,11 +22,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/admin.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/log.h"
@@ -47,31 +52,39 @@ uint64_t sm70__now_us(void)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70d --model DIR [--backend cpu|cuda] [--load-format auto|dummy]\n"
-		"             [--socket PATH] [--config FILE] [--verbose]\n"
+		"usage: sm70d [--model DIR] [--backend cpu|cuda|null] [--load-format auto|dummy]\n"
+		"             [--socket PATH] [--admin-socket PATH] [--config FILE]\n"
+		"             [--check-config] [--verbose]\n"
 		"Serves the model in DIR to local clients over the sm70 shared-memory protocol.\n"
+		"The configuration is " SM70__CFG_DEFAULT_PATH " (if it exists) or --config FILE;\n"
+		"flags override it. --check-config validates it and exits 0 (good) or 2.\n"
 		"Runs in the foreground, logs to stderr; SIGTERM or SIGINT drains and exits.\n");
 }
 
 struct opts {
 	const char *model;
-	const char *backend;
-	int dummy;
+	const char *backend;	 /* NULL: from the config */
+	const char *load_format; /* NULL: from the config */
 	const char *socket;
+	const char *admin_socket;
 	const char *config;
+	int check_config;
 	int verbose;
 };
 
 /* Returns 0, 1 (--help printed) or -1 (bad arguments, message printed). */
 static int parse_args(int argc, char **argv, struct opts *o)
 {
-	enum { O_BACKEND = 256, O_LOAD_FORMAT, O_SOCKET, O_CONFIG };
+	enum { O_BACKEND = 256, O_LOAD_FORMAT, O_SOCKET, O_CONFIG, O_ADMIN_SOCKET,
+	       O_CHECK_CONFIG };
 	static const struct option lopts[] = {
 		{ "model", required_argument, 0, 'm' },
 		{ "backend", required_argument, 0, O_BACKEND },
 		{ "load-format", required_argument, 0, O_LOAD_FORMAT },
 		{ "socket", required_argument, 0, O_SOCKET },
 		{ "config", required_argument, 0, O_CONFIG },
+		{ "admin-socket", required_argument, 0, O_ADMIN_SOCKET },
+		{ "check-config", no_argument, 0, O_CHECK_CONFIG },
 		{ "verbose", no_argument, 0, 'v' },
 		{ "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
@@ -79,15 +92,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	int c;
 
 	memset(o, 0, sizeof(*o));
-	o->backend = "cpu";
 	while ((c = getopt_long(argc, argv, "m:vh", lopts, NULL)) != -1) {
 		switch (c) {
 		case 'm':
 			o->model = optarg;
 			break;
 		case O_BACKEND:
-			if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-				fprintf(stderr, "sm70d: --backend must be cpu or cuda, not '%s'\n",
+			if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") &&
+			    strcmp(optarg, "null")) {
+				fprintf(stderr, "sm70d: --backend must be cpu, cuda or null, not '%s'\n",
 					optarg);
 				return -1;
 			}
@@ -99,13 +112,19 @@ static int parse_args(int argc, char **argv, struct opts *o)
 					"'%s'\n", optarg);
 				return -1;
 			}
-			o->dummy = strcmp(optarg, "dummy") == 0;
+			o->load_format = optarg;
 			break;
 		case O_SOCKET:
 			o->socket = optarg;
 			break;
 		case O_CONFIG:
 			o->config = optarg;
+			break;
+		case O_ADMIN_SOCKET:
+			o->admin_socket = optarg;
+			break;
+		case O_CHECK_CONFIG:
+			o->check_config = 1;
 			break;
 		case 'v':
 			o->verbose = 1;
@@ -122,17 +141,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		fprintf(stderr, "sm70d: unexpected argument '%s'\n", argv[optind]);
 		return -1;
 	}
-	if (!o->model) {
-		fprintf(stderr, "sm70d: --model DIR is required\n");
-		usage(stderr);
-		return -1;
-	}
 	return 0;
 }
 
 static void set_model_name(struct sm70__daemon *d, const char *dir)
 {
-	char tmp[256];
+	char tmp[SM70__CFG_DIR_MAX];
 	size_t n;
 	const char *base;
 
@@ -142,6 +156,141 @@ static void set_model_name(struct sm70__daemon *d, const char *dir)
 		tmp[--n] = '\0';
 	base = strrchr(tmp, '/');
 	snprintf(d->model_name, sizeof(d->model_name), "%s", base ? base + 1 : tmp);
+}
+
+/* ---- configuration ------------------------------------------------------------------- */
+
+/* Copies a command-line path into a config field. Returns 0 or -ENAMETOOLONG. */
+static int set_path(char *dst, size_t size, const char *src, const char *flag,
+		    struct sm70_err *err)
+{
+	if (strlen(src) >= size)
+		return sm70_errf(err, -ENAMETOOLONG, "%s: the path is longer than %zu bytes", flag,
+				 size - 1);
+	snprintf(dst, size, "%s", src);
+	return 0;
+}
+
+/* The configuration: defaults, the file (--config, else the default path if it exists),
+ * then the flags, then the whole-configuration checks. Returns 0 or -errno with err
+ * naming the key or flag. */
+static int configure(struct sm70__config *c, const struct opts *o, const char **loaded,
+		     struct sm70_err *err)
+{
+	const char *path = o->config ? o->config : SM70__CFG_DEFAULT_PATH;
+	int ret;
+
+	sm70__config_default(c);
+	*loaded = path;
+	ret = sm70__config_load(c, path, err);
+	if (ret == -ENOENT && !o->config) {
+		*loaded = "no config file: defaults and flags";
+		ret = 0; /* no system config file: the defaults and the flags */
+		sm70_err_clear(err);
+	}
+	if (ret)
+		return ret;
+	if (o->model && (ret = set_path(c->model_dir, sizeof(c->model_dir), o->model, "--model",
+					err)))
+		return ret;
+	if (o->backend)
+		snprintf(c->backend, sizeof(c->backend), "%s", o->backend);
+	if (o->load_format)
+		snprintf(c->load_format, sizeof(c->load_format), "%s", o->load_format);
+	if (o->socket && (ret = set_path(c->socket_path, sizeof(c->socket_path), o->socket,
+					 "--socket", err)))
+		return ret;
+	if (o->admin_socket && (ret = set_path(c->admin_socket_path,
+					       sizeof(c->admin_socket_path), o->admin_socket,
+					       "--admin-socket", err)))
+		return ret;
+	return sm70__config_check(c, err);
+}
+
+/* Exports the fast-path switches for the backend, which reads them when it is created. */
+static void export_fast_paths(const struct sm70__config *c)
+{
+	if (c->fast_paths.matmul[0])
+		setenv("SM70_MATMUL", c->fast_paths.matmul, 1);
+	if (c->fast_paths.attention[0])
+		setenv("SM70_ATTENTION", c->fast_paths.attention, 1);
+}
+
+/* Bytes of the *.safetensors files in dir: what the weights will take, near enough. */
+static uint64_t weight_bytes(const char *dir)
+{
+	struct dirent *e;
+	uint64_t sum = 0;
+	DIR *dp = opendir(dir);
+
+	if (!dp)
+		return 0;
+	while ((e = readdir(dp))) {
+		size_t n = strlen(e->d_name);
+		struct stat st;
+
+		if (n > 12 && strcmp(e->d_name + n - 12, ".safetensors") == 0 &&
+		    fstatat(dirfd(dp), e->d_name, &st, 0) == 0)
+			sum += (uint64_t)st.st_size;
+	}
+	closedir(dp);
+	return sum;
+}
+
+/* MemAvailable from /proc/meminfo in bytes, or 0. */
+static uint64_t host_available(void)
+{
+	char line[256];
+	unsigned long long kb = 0;
+	FILE *f = fopen("/proc/meminfo", "r");
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return (uint64_t)kb * 1024;
+}
+
+/* The KV budget: engine.kv_bytes, or engine.kv_memory_fraction of the memory free now (on
+ * the first GPU for CUDA, MemAvailable for the host backends) less the weight files.
+ * Returns 0 or -errno with err naming the key. */
+static int kv_budget(const struct sm70__config *c, uint64_t *bytes, struct sm70_err *err)
+{
+	uint64_t avail = 0, used, total, w;
+
+	*bytes = c->engine.kv_bytes;
+	if (!(c->engine.kv_memory_fraction > 0))
+		return 0;
+	if (strcmp(c->backend, "cuda") == 0) {
+		if (sm70__gpu_memory((int)c->gpus[0], 1, &used, &total))
+			return sm70_errf(err, -ENODEV, "engine.kv_memory_fraction: cannot read the "
+					 "free memory of GPU %u (is this build without CUDA?)",
+					 c->gpus[0]);
+		avail = total - used;
+	} else {
+		avail = host_available();
+	}
+	w = weight_bytes(c->model_dir);
+	avail = avail > w ? avail - w : 0;
+	*bytes = (uint64_t)((double)avail * c->engine.kv_memory_fraction);
+	if (*bytes < (1u << 16))
+		return sm70_errf(err, -ENOMEM, "engine.kv_memory_fraction: %g of the free memory "
+				 "left after the weights is only %llu bytes",
+				 c->engine.kv_memory_fraction, (unsigned long long)*bytes);
+	return 0;
+}
+
+static int parse_kv_dtype(const char *s)
+{
+	if (strcmp(s, "f32") == 0)
+		return SM70_DTYPE_F32;
+	if (strcmp(s, "f16") == 0)
+		return SM70_DTYPE_F16;
+	if (strcmp(s, "fp8") == 0)
+		return SM70_DTYPE_F8E4M3;
+	return SM70_DTYPE_COUNT; /* "auto": the backend's default */
 }
 
 /* ---- signals ------------------------------------------------------------------------- */
@@ -260,6 +409,7 @@ static int run(struct sm70__daemon *d, struct watchdog *wd)
 		}
 		sm70__sched_feed(d);
 		sm70__sched_step(d);
+		sm70__metrics_tick(&d->metrics, d->now_us);
 		sm70__sessions_publish(d);
 		sm70__sessions_reap(d);
 		watchdog_tick(d, wd);
@@ -289,6 +439,7 @@ int main(int argc, char **argv)
 	struct watchdog wd = { 0 };
 	struct sm70__watch *sig_watch = NULL;
 	const struct sm70_model_config *mc;
+	const char *cfg_from = NULL;
 	sigset_t mask;
 	uint64_t usec = 0;
 	int ret, code = 2;
@@ -301,19 +452,28 @@ int main(int argc, char **argv)
 
 	memset(&d, 0, sizeof(d));
 	d.listen_fd = -1;
+	d.admin_fd = -1;
 	sm70_err_clear(&err);
-	sm70__config_default(&d.cfg);
-	if (o.config && sm70__config_load(&d.cfg, o.config, &err)) {
+	ret = configure(&d.cfg, &o, &cfg_from, &err);
+	if (o.check_config) {
+		if (ret)
+			fprintf(stderr, "sm70d: config: %s\n", err.msg);
+		else
+			printf("sm70d: configuration OK (%s): model %s, backend %s, socket %s, "
+			       "admin socket %s\n", cfg_from, d.cfg.model_dir, d.cfg.backend,
+			       d.cfg.socket_path, d.cfg.admin_socket_path);
+		return ret ? 2 : 0;
+	}
+	if (ret) {
 		sm70__err("config: %s", err.msg);
 		return 2;
 	}
-	if (o.socket) {
-		if (strlen(o.socket) >= sizeof(d.cfg.socket_path)) {
-			sm70__err("--socket: the path is longer than %zu bytes",
-				  sizeof(d.cfg.socket_path) - 1);
-			return 2;
-		}
-		snprintf(d.cfg.socket_path, sizeof(d.cfg.socket_path), "%s", o.socket);
+	sm70__info("configuration: %s", cfg_from);
+	export_fast_paths(&d.cfg);
+	ret = kv_budget(&d.cfg, &d.kv_bytes, &err);
+	if (ret) {
+		sm70__err("config: %s", err.msg);
+		return 2;
 	}
 
 	/* Signals arrive through a signalfd; block them before the engine starts its worker
@@ -326,22 +486,25 @@ int main(int argc, char **argv)
 
 	sd_notify(0, "STATUS=loading the model");
 	sm70_engine_opts_default(&eo);
-	eo.backend = o.backend;
-	eo.dummy_weights = o.dummy;
+	eo.backend = d.cfg.backend;
+	eo.dummy_weights = strcmp(d.cfg.load_format, "dummy") == 0;
+	eo.cuda_device = (int)d.cfg.gpus[0]; /* one GPU today: the first listed */
+	eo.kv_dtype = (enum sm70_dtype)parse_kv_dtype(d.cfg.engine.kv_dtype);
+	eo.no_prefix_cache = !d.cfg.engine.prefix_cache;
 	eo.n_threads = (int)d.cfg.engine.n_threads;
 	eo.max_seqs = (int)d.cfg.engine.max_seqs;
 	eo.max_batch_tokens = (int)d.cfg.engine.max_batch_tokens;
 	eo.block_size = (int)d.cfg.engine.block_size;
-	eo.kv_bytes = (size_t)d.cfg.engine.kv_bytes;
-	ret = sm70_engine_open(&d.engine, o.model, &eo, &err);
+	eo.kv_bytes = (size_t)d.kv_bytes;
+	ret = sm70_engine_open(&d.engine, d.cfg.model_dir, &eo, &err);
 	if (ret) {
-		sm70__err("cannot load the model in %s: %s", o.model,
+		sm70__err("cannot load the model in %s: %s", d.cfg.model_dir,
 			  err.msg[0] ? err.msg : strerror(-ret));
 		return 2;
 	}
 	mc = sm70_engine_model_config(d.engine);
 	sm70_engine_get_stats(d.engine, &st);
-	set_model_name(&d, o.model);
+	set_model_name(&d, d.cfg.model_dir);
 	d.vocab_size = (uint32_t)mc->vocab_size;
 	d.max_position = (uint32_t)mc->max_position;
 	d.kv_tokens = (uint64_t)st.kv_blocks_total * d.cfg.engine.block_size;
@@ -350,7 +513,7 @@ int main(int argc, char **argv)
 		d.eos_ids[i] = mc->eos_ids[i];
 	d.seed_state = sm70__now_us() ^ ((uint64_t)getpid() << 32);
 	sm70__info("model %s loaded on %s: vocab %u, context %u, KV cache %llu tokens",
-		   d.model_name, o.backend, d.vocab_size, d.max_position,
+		   d.model_name, d.cfg.backend, d.vocab_size, d.max_position,
 		   (unsigned long long)d.kv_tokens);
 
 	code = 1;
@@ -365,11 +528,18 @@ int main(int argc, char **argv)
 		goto out_loop;
 	}
 	d.now_us = sm70__now_us();
+	sm70__metrics_init(&d.metrics, d.now_us);
 	ret = sm70__listener_open(&d, &err);
 	if (ret) {
 		sm70__err("%s", err.msg);
 		code = 2;
 		goto out_signal;
+	}
+	ret = sm70__admin_open(&d, &err);
+	if (ret) {
+		sm70__err("%s", err.msg);
+		code = 2;
+		goto out_listener;
 	}
 	if (sd_watchdog_enabled(0, &usec) > 0 && usec)
 		wd.interval_us = usec / 2;
@@ -390,9 +560,11 @@ int main(int argc, char **argv)
 		if (sm70__sched_step(&d) < 0)
 			break;
 	sm70__sessions_reap(&d);
-	sm70__listener_close(&d);
+	sm70__admin_close(&d);
 	if (code == 0)
 		sm70__notice("drained; exiting");
+out_listener:
+	sm70__listener_close(&d);
 out_signal:
 	sm70__loop_unwatch(d.loop, sig_watch);
 	if (sc.fd >= 0)

@@ -119,6 +119,10 @@ static void finish_job(struct sm70__daemon *d, struct sm70__job *j, uint16_t rea
 	ev.u.finish.decode_us = j->t_first_us ? j->t_last_us - j->t_first_us : 0;
 	if (j->kill != SM70__KILL_HANGUP)
 		sm70__session_post(d, s, &ev, 0);
+	sm70__hist_observe(&d->metrics.duration, (double)(sm70__now_us() - j->t_accept_us) * 1e-6);
+	sm70__metrics_finished(&d->metrics, reason);
+	if (error)
+		sm70__metrics_client_error(&d->metrics, error);
 	sm70__debug("session %u: job %llu (tag %llu) finished: reason %u error %d, %u tokens",
 		    s->id, (unsigned long long)j->serial, (unsigned long long)j->tag, reason,
 		    error, j->n_posted);
@@ -364,6 +368,7 @@ static int feed_one(struct sm70__daemon *d, struct sm70__session *s)
 	j->in_engine = 1;
 	j->engine_id = id;
 	j->t_sched_us = d->now_us;
+	d->metrics.prompt_tokens += j->prompt_len;
 	free(j->prompt);
 	j->prompt = NULL;
 	d->n_engine_jobs++;
@@ -403,8 +408,12 @@ static void post_token(struct sm70__daemon *d, struct sm70__job *j,
 		ev.u.token.top[i].id = (uint32_t)r->top_ids[i];
 		ev.u.token.top[i].logprob = r->top_logprobs[i];
 	}
-	if (!j->t_first_us)
+	if (!j->t_first_us) {
 		j->t_first_us = now;
+		sm70__hist_observe(&d->metrics.ttft, (double)(now - j->t_accept_us) * 1e-6);
+	} else {
+		sm70__hist_observe(&d->metrics.itl, (double)(now - j->t_last_us) * 1e-6);
+	}
 	j->t_last_us = now;
 	j->n_posted++;
 	sm70__session_post(d, j->s, &ev, j->serial);
@@ -428,6 +437,8 @@ static void on_event(void *ctx, const struct sm70_event *ev)
 
 	if (ev->cached_tokens > 0 && (uint32_t)ev->cached_tokens > j->cached_tokens)
 		j->cached_tokens = (uint32_t)ev->cached_tokens;
+	if (ev->sample.token >= 0)
+		d->metrics.generation_tokens++;
 	if (ev->sample.token >= 0 && j->kill != SM70__KILL_SLOW && j->kill != SM70__KILL_HANGUP)
 		post_token(d, j, &ev->sample, now);
 	switch (ev->finish) {

@@ -237,6 +237,7 @@ static void refuse(struct sm70__daemon *d, struct sm70__session *s, int code, co
 	va_start(ap, fmt);
 	vsnprintf(r.reason, sizeof(r.reason), fmt, ap);
 	va_end(ap);
+	sm70__metrics_client_error(&d->metrics, code);
 	if (send(s->sock, &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
 		sm70__debug("session %u: cannot send the refusal: %s", s->id, strerror(errno));
 	sm70__notice("session %u (pid %d uid %u): refused (%s): %s", s->id, (int)s->pid,
@@ -652,6 +653,7 @@ void sm70__session_post_error(struct sm70__daemon *d, struct sm70__session *s, u
 	snprintf(ev.u.error.message, sizeof(ev.u.error.message), "%s", msg);
 	sm70__debug("session %u: ERROR %s for tag %llu: %s", s->id, sm70_proto_strerror(code),
 		    (unsigned long long)tag, msg);
+	sm70__metrics_client_error(&d->metrics, code);
 	sm70__session_post(d, s, &ev, 0);
 }
 
@@ -703,6 +705,12 @@ static void process_entry(struct sm70__daemon *d, struct sm70__session *s,
 	if (d->draining) {
 		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_SHUTDOWN,
 					 "sm70d is shutting down and accepts no new jobs");
+		return;
+	}
+	if (d->admin_drained) {
+		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_SHUTDOWN,
+					 "sm70d was drained (sm70ctl drain) and accepts no new "
+					 "jobs until it is restarted");
 		return;
 	}
 	/* validate_submit checked slot + prompt_len <= arena_tokens on the private copy. */

@@ -3,7 +3,9 @@
 # Safe to run again: packages already present are left alone. Needs root (or sudo).
 set -eu
 
-PKGS="scons gcc libc6-dev pkg-config python3 liburing-dev libsystemd-dev libjansson-dev libcmocka-dev"
+# clang + libclang-rt-14-dev: libFuzzer's runtime for tests/fuzz (clang -fsanitize=fuzzer)
+PKGS="scons gcc libc6-dev pkg-config python3 liburing-dev libsystemd-dev libjansson-dev libcmocka-dev
+clang libclang-rt-14-dev"
 [ "${SM70_WITH_PACKAGING:-0}" = 1 ] && PKGS="$PKGS debhelper dpkg-dev lintian fakeroot systemd"
 
 missing=""

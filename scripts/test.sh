@@ -1,6 +1,7 @@
 #!/bin/sh
 # Installs what is missing, builds, and runs every test: the normal build, then the
-# whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, then the libFuzzer
+# target for submission-entry validation for a bounded time (FUZZ_SECONDS, default 60).
 # Usage: scripts/test.sh            (from anywhere; needs root or sudo for installs)
 set -eu
 cd "$(dirname "$0")/.."
@@ -12,3 +13,5 @@ scons -Q -j"$jobs" test
 echo "== build and test (ASan + UBSan)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	scons -Q -j"$jobs" BUILD_DIR=build/asan SANITIZE=address,undefined CUDA=0 test
+echo "== fuzz sm70_proto_validate_submit (${FUZZ_SECONDS:-60} s)"
+tests/fuzz/run.sh

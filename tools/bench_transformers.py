@@ -35,7 +35,8 @@ def run(model, cfg, batch, ctx, steps):
     cache = make_cache(cfg, batch, ctx + steps + 8)
     ids = torch.randint(0, cfg.vocab_size, (batch, ctx), device="cuda")
     pos = torch.arange(ctx, device="cuda")
-    out = model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True)
+    out = model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True,
+                logits_to_keep=1)
     tok = out.logits[:, -1].argmax(-1, keepdim=True)
     del out
     for i in range(3):  # warm-up decode steps

@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -26,6 +27,7 @@
 
 #include "shm_proto/sm70_proto.h"
 #include "shm_proto/sm70_validate.h"
+#include "sm70/client.h"
 #include "tests/integration/daemon_util.h"
 
 #define FIXTURE "tests/fixtures/qwen3-gqa2-d64-tied"
@@ -327,6 +329,105 @@ static void expect_ref_job(struct rc *c, uint64_t tag)
 	assert_int_equal(r->final.u.finish.prompt_tokens, ref_n_prompt);
 	assert_memory_equal(r->tokens, ref_tokens, sizeof(uint32_t) * (size_t)ref_n_tokens);
 	free(r);
+}
+
+/* ---- a bystander: a well-behaved SDK client in another process ------------------------ */
+
+/*
+ * While a hostile client does its worst, a forked child runs the reference job through
+ * libsm70client again and again until the parent closes its stop pipe, then reports how
+ * many runs matched reference.json and how many did not. (A child, not a thread, and no
+ * cmocka calls in it: it only reports.)
+ */
+struct bystander {
+	pid_t pid;
+	int stop_w; /* parent closes it to stop the child */
+	int res_r;  /* the child's two counters */
+};
+
+static int bystander_cb(void *ctx, const struct sm70_event *ev)
+{
+	struct result *r = ctx;
+
+	if (r->n < 4096)
+		r->tokens[r->n] = ev->token;
+	r->n++;
+	return 0;
+}
+
+static void bystander_body(int stop_r, int res_w)
+{
+	struct sm70_client *c = NULL;
+	struct result *r = malloc(sizeof(*r));
+	int counts[2] = { 0, 0 }; /* equal, different */
+	struct pollfd p = { .fd = stop_r, .events = POLLIN };
+
+	if (!r || sm70_client_connect(&c, dmn.sock, NULL))
+		_exit(2);
+	do {
+		if (counts[0] + counts[1] == 1 && write(res_w, "r", 1) != 1)
+			_exit(3); /* one run done: the parent may start */
+		struct sm70_job job;
+		struct sm70_result res = { .size = sizeof(res) };
+		int ret;
+
+		sm70_job_init(&job);
+		job.prompt = ref_prompt;
+		job.prompt_len = (uint32_t)ref_n_prompt;
+		job.max_tokens = (uint32_t)ref_n_tokens;
+		memset(r, 0, sizeof(*r));
+		ret = sm70_generate(c, &job, bystander_cb, r, &res);
+		if (!ret && res.finish_reason == SM70_REASON_LENGTH &&
+		    r->n == (uint32_t)ref_n_tokens &&
+		    !memcmp(r->tokens, ref_tokens, sizeof(uint32_t) * (size_t)ref_n_tokens))
+			counts[0]++;
+		else
+			counts[1]++;
+	} while (poll(&p, 1, 0) == 0);
+	sm70_client_close(c);
+	if (write(res_w, counts, sizeof(counts)) != (ssize_t)sizeof(counts))
+		_exit(3);
+	_exit(counts[1] ? 1 : 0);
+}
+
+static void bystander_start(struct bystander *b)
+{
+	int stop[2], res[2];
+	char ready = 0;
+
+	assert_int_equal(pipe(stop), 0);
+	assert_int_equal(pipe(res), 0);
+	fflush(NULL);
+	b->pid = fork();
+	assert_true(b->pid >= 0);
+	if (b->pid == 0) {
+		close(stop[1]);
+		close(res[0]);
+		bystander_body(stop[0], res[1]);
+	}
+	close(stop[0]);
+	close(res[1]);
+	b->stop_w = stop[1];
+	b->res_r = res[0];
+	/* start the hostile part only once the bystander is streaming */
+	assert_int_equal(read(b->res_r, &ready, 1), 1);
+	assert_int_equal(ready, 'r');
+}
+
+/* Stops the bystander; fails the test unless every run equalled the reference. Returns the
+ * number of runs. */
+static int bystander_stop(struct bystander *b)
+{
+	int counts[2] = { 0, -1 }, status;
+
+	close(b->stop_w);
+	assert_int_equal(read(b->res_r, counts, sizeof(counts)), sizeof(counts));
+	close(b->res_r);
+	assert_int_equal(waitpid(b->pid, &status, 0), b->pid);
+	assert_int_equal(counts[1], 0);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	assert_true(counts[0] >= 1);
+	return counts[0];
 }
 
 /* ---- tests ----------------------------------------------------------------------------- */
@@ -631,6 +732,147 @@ static void test_client_dies_midstream(void **state)
 	rc_close(&ok);
 }
 
+static void test_flood_submissions(void **state)
+{
+	enum { N = 2000, TAG0 = 50000 };
+	struct rc c;
+	struct sm70_proto_refusal ref;
+	struct sm70_proto_sqe e;
+	struct sm70_proto_eqe ev;
+	struct bystander b;
+	uint8_t *finals = calloc(N, 1);
+	uint32_t *toks = calloc(N, sizeof(*toks));
+	int sent = 0, n_final = 0, busy = 0, finished = 0, runs;
+	long t0 = sm70t_ms_now();
+
+	assert_non_null(finals);
+	assert_non_null(toks);
+	bystander_start(&b);
+	assert_int_equal(rc_connect(&c, SM70_PROTO_VERSION_MAJOR, 4096, &ref), 0);
+	/* max_jobs_in_flight is 4: publish N entries as fast as the SQ takes them, reading
+	 * events in between, never waiting while there is something to send */
+	while (n_final < N) {
+		int put = 0, ret;
+		uint64_t k;
+
+		while (sent < N && c.sq_tail - sm70_ring_load_acquire(&c.h->sq_head) <
+					   c.w.sq_entries) {
+			rc_entry(&c, &e, TAG0 + (uint64_t)sent, ref_prompt, 2, 2);
+			e.flags = SM70_PROTO_SQF_IGNORE_EOS;
+			rc_put(&c, &e);
+			sent++;
+			put++;
+		}
+		if (put)
+			rc_publish(&c);
+		ret = rc_next(&c, &ev, sent < N ? 0 : 5000);
+		if (ret == -ETIMEDOUT && sent < N)
+			continue;
+		assert_int_equal(ret, 0);
+		k = ev.tag - TAG0;
+		assert_true(ev.tag >= TAG0 && k < N);
+		assert_int_equal(finals[k], 0); /* nothing after a job's final event */
+		if (ev.type == SM70_PROTO_EV_TOKEN) {
+			toks[k]++;
+			continue;
+		}
+		finals[k]++;
+		n_final++;
+		if (ev.type == SM70_PROTO_EV_ERROR) {
+			assert_int_equal(ev.u.error.error, SM70_PROTO_E_BUSY);
+			assert_int_equal(toks[k], 0);
+			busy++;
+		} else {
+			assert_int_equal(ev.type, SM70_PROTO_EV_FINISH);
+			assert_int_equal(ev.u.finish.reason, SM70_PROTO_FINISH_LENGTH);
+			assert_int_equal(ev.u.finish.completion_tokens, 2);
+			assert_int_equal(toks[k], 2);
+			finished++;
+		}
+	}
+	for (int i = 0; i < N; i++)
+		assert_int_equal(finals[i], 1);
+	assert_true(busy > 0);
+	assert_true(finished >= 4);
+	assert_int_equal(busy + finished, N);
+	runs = bystander_stop(&b);
+	printf("flood: %d submissions in %ld ms against a limit of 4 in flight: %d finished "
+	       "(2 tokens each), %d E_BUSY, every tag exactly one final event; a bystander "
+	       "client got the reference %d times meanwhile\n", N, sm70t_ms_now() - t0,
+	       finished, busy, runs);
+	/* the flooding session itself still works */
+	expect_ref_job(&c, 1);
+	free(finals);
+	free(toks);
+	rc_close(&c);
+}
+
+/* A raw connection to the daemon (no hello yet). */
+static int raw_connect(void)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+	assert_true(fd >= 0);
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", dmn.sock);
+	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	return fd;
+}
+
+static void test_hangup_mid_handshake(void **state)
+{
+	struct sm70_proto_hello h;
+	struct sm70_proto_refusal rf;
+	struct sm70_proto_refusal ref;
+	struct pollfd p;
+	struct bystander b;
+	struct rc ok;
+	int fd, runs;
+	ssize_t n;
+
+	memset(&h, 0, sizeof(h));
+	h.size = sizeof(h);
+	h.magic = SM70_PROTO_MAGIC;
+	h.type = SM70_PROTO_MSG_HELLO;
+	h.version_major = SM70_PROTO_VERSION_MAJOR;
+	snprintf(h.client_name, sizeof(h.client_name), "half-hello");
+	bystander_start(&b);
+	for (int i = 0; i < 100; i++) /* connect, hang up before any hello */
+		close(raw_connect());
+	for (int i = 0; i < 100; i++) { /* half a hello, then hang up */
+		fd = raw_connect();
+		assert_int_equal(send(fd, &h, sizeof(h) / 2, MSG_NOSIGNAL), sizeof(h) / 2);
+		close(fd);
+	}
+	for (int i = 0; i < 100; i++) { /* a whole hello, gone before the welcome and its fds */
+		fd = raw_connect();
+		assert_int_equal(send(fd, &h, sizeof(h), MSG_NOSIGNAL), sizeof(h));
+		close(fd);
+	}
+	/* half a hello from a client that waits: refused as malformed, then closed */
+	fd = raw_connect();
+	assert_int_equal(send(fd, &h, sizeof(h) / 2, MSG_NOSIGNAL), sizeof(h) / 2);
+	p = (struct pollfd){ .fd = fd, .events = POLLIN };
+	assert_int_equal(poll(&p, 1, 5000), 1);
+	memset(&rf, 0, sizeof(rf));
+	n = recv(fd, &rf, sizeof(rf), 0);
+	assert_int_equal(n, sizeof(rf));
+	assert_int_equal(rf.type, SM70_PROTO_MSG_REFUSAL);
+	assert_int_equal(rf.result, SM70_PROTO_E_INVALID);
+	assert_int_equal(poll(&p, 1, 5000), 1);
+	assert_int_equal(recv(fd, &rf, sizeof(rf), 0), 0);
+	printf("half a hello (%zu bytes) refused: \"%s\"\n", sizeof(h) / 2, rf.reason);
+	close(fd);
+	runs = bystander_stop(&b);
+	/* the daemon still admits and serves a proper client */
+	assert_int_equal(rc_connect(&ok, SM70_PROTO_VERSION_MAJOR, 0, &ref), 0);
+	expect_ref_job(&ok, 1);
+	rc_close(&ok);
+	printf("handshake hang-ups: 100 before the hello, 100 after half a hello, 100 before the "
+	       "welcome; a bystander got the reference %d times meanwhile, a new session "
+	       "still gets it\n", runs);
+}
+
 static void test_sigterm_drains(void **state)
 {
 	struct rc c, late;
@@ -698,6 +940,8 @@ int main(void)
 		cmocka_unit_test(test_sq_tail_out_of_range),
 		cmocka_unit_test(test_slow_consumer),
 		cmocka_unit_test(test_client_dies_midstream),
+		cmocka_unit_test(test_flood_submissions),
+		cmocka_unit_test(test_hangup_mid_handshake),
 		cmocka_unit_test(test_sigterm_drains),
 	};
 	int ret = cmocka_run_group_tests(tests, setup, teardown);

@@ -1,0 +1,492 @@
+/*
+ * admin.c - the admin socket and its commands; see admin.h.
+ *
+ * Requests are tiny and replies are built from state the loop already holds (sessions,
+ * jobs, engine stats, metrics), so a command costs microseconds and runs inline in the
+ * socket's callback. Nothing here waits: `drain` only flips the daemon into refusing new
+ * jobs; sm70ctl polls `status` until the running jobs are gone.
+ */
+#include "daemon/admin.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "daemon/scheduler.h"
+#include "daemon/session.h"
+
+struct sm70__admin_conn {
+	struct sm70__daemon *d;
+	int fd;
+	struct sm70__watch *watch;
+	uid_t uid;
+	pid_t pid;
+	struct sm70__admin_conn *next;
+};
+
+/* ---- the socket ----------------------------------------------------------------------- */
+
+/* Binds path like the client socket: only a socket file that refuses connections is
+ * replaced. Returns the listening fd or -errno. */
+static int admin_bind(const char *path, uint32_t mode, struct sm70_err *err)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	struct stat st;
+	int fd, probe, ret;
+
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return sm70_errf(err, -errno, "admin socket: %s", strerror(errno));
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
+		goto bound;
+	ret = -errno;
+	if (ret != -EADDRINUSE) {
+		sm70_errf(err, ret, "bind %s: %s", path, strerror(-ret));
+		goto fail;
+	}
+	if (lstat(path, &st) || !S_ISSOCK(st.st_mode)) {
+		ret = sm70_errf(err, -EEXIST, "%s exists and is not a socket; not touching it",
+				path);
+		goto fail;
+	}
+	probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (probe < 0) {
+		ret = sm70_errf(err, -errno, "socket: %s", strerror(errno));
+		goto fail;
+	}
+	ret = connect(probe, (struct sockaddr *)&a, sizeof(a)) ? -errno : 0;
+	close(probe);
+	if (ret != -ECONNREFUSED) {
+		ret = sm70_errf(err, -EADDRINUSE, "%s: another process listens on it (is sm70d "
+				"already running?)", path);
+		goto fail;
+	}
+	if ((unlink(path) && errno != ENOENT) || bind(fd, (struct sockaddr *)&a, sizeof(a))) {
+		ret = sm70_errf(err, -errno, "bind %s: %s", path, strerror(errno));
+		goto fail;
+	}
+bound:
+	if (chmod(path, mode) || listen(fd, 16)) {
+		ret = sm70_errf(err, -errno, "admin socket %s: %s", path, strerror(errno));
+		unlink(path);
+		goto fail;
+	}
+	return fd;
+fail:
+	close(fd);
+	return ret;
+}
+
+static int id_in(uint32_t id, const uint32_t *ids, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (ids[i] == id)
+			return 1;
+	return 0;
+}
+
+static int admin_access_ok(const struct sm70__config *c, int fd, uid_t uid, gid_t gid)
+{
+	gid_t groups[256];
+	socklen_t len = sizeof(groups);
+
+	if (id_in((uint32_t)uid, c->admin_allowed_uids, c->n_admin_allowed_uids) ||
+	    id_in((uint32_t)gid, c->admin_allowed_gids, c->n_admin_allowed_gids))
+		return 1;
+	if (!c->n_admin_allowed_gids ||
+	    getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len))
+		return 0;
+	for (size_t i = 0; i < len / sizeof(gid_t); i++)
+		if (id_in((uint32_t)groups[i], c->admin_allowed_gids, c->n_admin_allowed_gids))
+			return 1;
+	return 0;
+}
+
+/* Sends one reply without waiting. Returns 0 or -errno (the caller drops the peer). */
+static int send_reply(int fd, const char *text)
+{
+	size_t n = strlen(text);
+
+	if (send(fd, text, n, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)n)
+		return -errno;
+	return 0;
+}
+
+/* Sends {"ok": false, "error": why} and forgets the result: for peers being turned away. */
+static void send_error_once(int fd, const char *why)
+{
+	json_t *r = json_pack("{s:b, s:s}", "ok", 0, "error", why);
+	char *text = r ? json_dumps(r, JSON_COMPACT) : NULL;
+
+	if (text && send_reply(fd, text))
+		sm70__debug("admin: cannot send a refusal: %s", strerror(errno));
+	free(text);
+	json_decref(r);
+}
+
+static void conn_close(struct sm70__daemon *d, struct sm70__admin_conn *c)
+{
+	struct sm70__admin_conn **pp;
+
+	for (pp = &d->admin_conns; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	sm70__loop_unwatch(d->loop, c->watch);
+	close(c->fd);
+	d->n_admin_conns--;
+	free(c);
+}
+
+static void on_conn(void *arg, int fd, uint32_t revents)
+{
+	struct sm70__admin_conn *c = arg;
+	struct sm70__daemon *d = c->d;
+	char buf[4096];
+	char *reply = NULL;
+	ssize_t n;
+
+	if (!(revents & POLLIN)) {
+		conn_close(d, c); /* hang-up or error */
+		return;
+	}
+	n = recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT | MSG_TRUNC);
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	if (n <= 0) {
+		conn_close(d, c);
+		return;
+	}
+	if ((size_t)n >= sizeof(buf)) {
+		send_error_once(fd, "request: larger than 4095 bytes");
+		conn_close(d, c);
+		return;
+	}
+	buf[n] = '\0';
+	if (sm70__admin_handle(d, buf, (size_t)n, &reply) || send_reply(fd, reply)) {
+		sm70__debug("admin: dropping the connection of pid %d: cannot reply",
+			    (int)c->pid);
+		conn_close(d, c);
+	}
+	free(reply);
+}
+
+static void on_admin_listen(void *arg, int lfd, uint32_t revents)
+{
+	struct sm70__daemon *d = arg;
+
+	for (;;) {
+		struct sm70__admin_conn *c;
+		struct ucred cred;
+		socklen_t len = sizeof(cred);
+		char why[160];
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				sm70__warn("admin accept: %s", strerror(errno));
+			return;
+		}
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len)) {
+			close(fd);
+			continue;
+		}
+		if (!admin_access_ok(&d->cfg, fd, cred.uid, cred.gid)) {
+			snprintf(why, sizeof(why), "denied: uid %u (gid %u) is not in "
+				 "admin_allowed_uids or admin_allowed_gids", (unsigned)cred.uid,
+				 (unsigned)cred.gid);
+			sm70__notice("admin: pid %d %s", (int)cred.pid, why);
+			send_error_once(fd, why);
+			close(fd);
+			continue;
+		}
+		if (d->n_admin_conns >= SM70__ADMIN_MAX_CONNS) {
+			send_error_once(fd, "busy: too many admin connections; retry");
+			close(fd);
+			continue;
+		}
+		c = calloc(1, sizeof(*c));
+		if (!c) {
+			close(fd);
+			continue;
+		}
+		c->d = d;
+		c->fd = fd;
+		c->uid = cred.uid;
+		c->pid = cred.pid;
+		if (sm70__loop_watch(d->loop, fd, POLLIN | POLLRDHUP, on_conn, c, &c->watch)) {
+			free(c);
+			close(fd);
+			continue;
+		}
+		c->next = d->admin_conns;
+		d->admin_conns = c;
+		d->n_admin_conns++;
+	}
+}
+
+int sm70__admin_open(struct sm70__daemon *d, struct sm70_err *err)
+{
+	int fd, ret;
+
+	fd = admin_bind(d->cfg.admin_socket_path, d->cfg.admin_socket_mode, err);
+	if (fd < 0)
+		return fd;
+	d->admin_fd = fd;
+	d->admin_unlink = 1;
+	ret = sm70__loop_watch(d->loop, fd, POLLIN, on_admin_listen, d, &d->admin_watch);
+	if (ret) {
+		sm70__admin_close(d);
+		return sm70_errf(err, ret, "cannot watch the admin socket: %s", strerror(-ret));
+	}
+	sm70__info("admin socket on %s (mode %04o)", d->cfg.admin_socket_path,
+		   d->cfg.admin_socket_mode);
+	return 0;
+}
+
+void sm70__admin_close(struct sm70__daemon *d)
+{
+	while (d->admin_conns)
+		conn_close(d, d->admin_conns);
+	if (d->admin_fd < 0)
+		return;
+	sm70__loop_unwatch(d->loop, d->admin_watch);
+	d->admin_watch = NULL;
+	close(d->admin_fd);
+	d->admin_fd = -1;
+	if (d->admin_unlink)
+		unlink(d->cfg.admin_socket_path);
+	d->admin_unlink = 0;
+}
+
+/* ---- the commands ---------------------------------------------------------------------- */
+
+static double secs(uint64_t us)
+{
+	return (double)us * 1e-6;
+}
+
+static const char *state_name(const struct sm70__daemon *d)
+{
+	if (d->draining)
+		return "stopping";
+	if (d->admin_drained)
+		return d->n_jobs ? "draining" : "drained";
+	return "serving";
+}
+
+/* Why the daemon is not ready, or NULL when it is. */
+static const char *not_ready(const struct sm70__daemon *d)
+{
+	if (d->fatal || d->step_failures)
+		return "engine steps are failing";
+	if (d->draining)
+		return "stopping (SIGTERM/SIGINT)";
+	if (d->admin_drained)
+		return "drained by sm70ctl drain: restart sm70d to serve again";
+	return NULL;
+}
+
+static json_t *cmd_status(struct sm70__daemon *d)
+{
+	/* d->now_us is from before the loop's wait: stale when the daemon was idle */
+	uint64_t now = sm70__now_us();
+	struct sm70_engine_stats st;
+	uint32_t clients = 0, queued = 0;
+	double window, rate = sm70__metrics_token_rate(&d->metrics, now, &window);
+	json_t *gpus = json_array(), *r;
+
+	sm70_engine_get_stats(d->engine, &st);
+	for (const struct sm70__session *s = d->sessions; s; s = s->next) {
+		clients += s->state == SM70__SESSION_ACTIVE;
+		queued += s->n_queued;
+	}
+	if (strcmp(d->cfg.backend, "cuda") == 0) {
+		for (uint32_t i = 0; i < d->cfg.n_gpus; i++) {
+			uint64_t used = 0, total = 0;
+			int have = i == 0 && sm70__gpu_memory((int)d->cfg.gpus[0], 0,
+							       &used, &total) == 0;
+			json_t *g = json_pack("{s:I, s:b}", "id", (json_int_t)d->cfg.gpus[i],
+					      "in_use", i == 0);
+
+			if (g && have) {
+				json_object_set_new(g, "memory_used_bytes", json_integer(
+					(json_int_t)used));
+				json_object_set_new(g, "memory_total_bytes", json_integer(
+					(json_int_t)total));
+			}
+			json_array_append_new(gpus, g);
+		}
+	}
+	r = json_pack("{s:b, s:s, s:s, s:s, s:s, s:o, s:I, s:f, s:s, s:b, s:I, s:I, s:I, s:I,"
+		      " s:I, s:I, s:f, s:I, s:I, s:I, s:f, s:f}",
+		      "ok", 1, "cmd", "status", "model", d->model_name, "model_dir",
+		      d->cfg.model_dir, "backend", d->cfg.backend, "gpus", gpus,
+		      "pid", (json_int_t)getpid(),
+		      "uptime_s", secs(now - d->metrics.start_us),
+		      "state", state_name(d), "ready", not_ready(d) == NULL,
+		      "clients", (json_int_t)clients,
+		      "jobs", (json_int_t)d->n_jobs,
+		      "jobs_running", (json_int_t)st.running,
+		      "jobs_waiting", (json_int_t)(queued + (uint32_t)st.waiting),
+		      "kv_blocks_total", (json_int_t)st.kv_blocks_total,
+		      "kv_blocks_free", (json_int_t)st.kv_blocks_free,
+		      "kv_usage_ratio", st.kv_blocks_total > 0 ?
+			(double)(st.kv_blocks_total - st.kv_blocks_free) / st.kv_blocks_total : 0.0,
+		      "kv_tokens", (json_int_t)d->kv_tokens,
+		      "kv_bytes", (json_int_t)d->kv_bytes,
+		      "generation_tokens_total", (json_int_t)d->metrics.generation_tokens,
+		      "tokens_per_s", rate, "rate_window_s", window);
+	return r;
+}
+
+static json_t *cmd_jobs(struct sm70__daemon *d)
+{
+	uint64_t now = sm70__now_us();
+	json_t *list = json_array();
+	uint32_t total = 0;
+
+	for (const struct sm70__session *s = d->sessions; s; s = s->next)
+		for (const struct sm70__job *j = s->jobs; j; j = j->next_in_session) {
+			const char *state = j->kill ? "ending" : j->in_engine ? "engine" :
+					    "queued";
+
+			if (++total > SM70__ADMIN_LIST_MAX)
+				continue;
+			json_array_append_new(list, json_pack(
+				"{s:I, s:I, s:s, s:I, s:s, s:i, s:I, s:I, s:I, s:f, s:f}",
+				"id", (json_int_t)j->serial, "client", (json_int_t)s->id,
+				"client_name", s->name, "tag", (json_int_t)j->tag,
+				"state", state, "priority", (int)j->priority,
+				"prompt_tokens", (json_int_t)j->prompt_len,
+				"max_new_tokens", (json_int_t)j->max_new_tokens,
+				"generated", (json_int_t)j->n_posted,
+				"age_s", secs(now - j->t_accept_us),
+				"ttft_s", j->t_first_us ? secs(j->t_first_us - j->t_accept_us) :
+							  -1.0));
+		}
+	return json_pack("{s:b, s:s, s:o, s:I, s:b}", "ok", 1, "cmd", "jobs", "jobs", list,
+			 "total", (json_int_t)total, "truncated", total > SM70__ADMIN_LIST_MAX);
+}
+
+static json_t *cmd_clients(struct sm70__daemon *d)
+{
+	static const char *const states[] = { "?", "hello", "active", "closed" };
+	uint64_t now = sm70__now_us();
+	json_t *list = json_array();
+	uint32_t total = 0;
+
+	for (const struct sm70__session *s = d->sessions; s; s = s->next) {
+		if (++total > SM70__ADMIN_LIST_MAX)
+			continue;
+		json_array_append_new(list, json_pack(
+			"{s:I, s:s, s:i, s:I, s:s, s:I, s:I, s:I, s:f, s:I, s:I, s:I}",
+			"id", (json_int_t)s->id, "name", s->name, "pid", (int)s->pid,
+			"uid", (json_int_t)s->uid,
+			"state", states[s->state <= SM70__SESSION_CLOSED ? s->state : 0],
+			"jobs", (json_int_t)s->n_jobs, "queued", (json_int_t)s->n_queued,
+			"held_events", (json_int_t)s->held_count,
+			"connected_s", secs(now - s->t_accept_us),
+			"sq_entries", (json_int_t)s->sq_entries,
+			"eq_entries", (json_int_t)s->eq_entries,
+			"arena_tokens", (json_int_t)s->arena_tokens));
+	}
+	return json_pack("{s:b, s:s, s:o, s:I, s:b}", "ok", 1, "cmd", "clients", "clients",
+			 list, "total", (json_int_t)total, "truncated",
+			 total > SM70__ADMIN_LIST_MAX);
+}
+
+static json_t *cmd_metrics(struct sm70__daemon *d)
+{
+	char *text = malloc(SM70__ADMIN_MSG_MAX / 2);
+	json_t *r;
+	int n;
+
+	if (!text)
+		return NULL;
+	n = sm70__metrics_render(d, text, SM70__ADMIN_MSG_MAX / 2);
+	r = n < 0 ? json_pack("{s:b, s:s}", "ok", 0, "error", "metrics: the text does not fit "
+			      "a reply") :
+		    json_pack("{s:b, s:s, s:s}", "ok", 1, "cmd", "metrics", "text", text);
+	free(text);
+	return r;
+}
+
+static json_t *cmd_health(struct sm70__daemon *d)
+{
+	const char *why = not_ready(d);
+
+	/* Live: this loop answered. Ready: it would accept and run a new job now. */
+	return json_pack("{s:b, s:s, s:b, s:b, s:s, s:s}", "ok", 1, "cmd", "health", "live", 1,
+			 "ready", why == NULL, "state", state_name(d), "reason",
+			 why ? why : "ready");
+}
+
+static json_t *cmd_drain(struct sm70__daemon *d)
+{
+	if (!d->admin_drained && !d->draining) {
+		d->admin_drained = 1;
+		sm70__notice("drain requested on the admin socket: no new jobs; %u jobs left to "
+			     "finish; sm70d stays up until restarted", d->n_jobs);
+	}
+	return json_pack("{s:b, s:s, s:s, s:I}", "ok", 1, "cmd", "drain", "state",
+			 state_name(d), "jobs", (json_int_t)d->n_jobs);
+}
+
+int sm70__admin_handle(struct sm70__daemon *d, const char *req, size_t len, char **reply)
+{
+	json_error_t je;
+	json_t *in, *r = NULL;
+	const char *cmd = NULL;
+	char why[256];
+
+	*reply = NULL;
+	in = json_loadb(req, len, 0, &je);
+	if (!in) {
+		snprintf(why, sizeof(why), "request: not valid JSON: %s", je.text);
+		r = json_pack("{s:b, s:s}", "ok", 0, "error", why);
+		goto out;
+	}
+	if (json_is_object(in))
+		cmd = json_string_value(json_object_get(in, "cmd"));
+	if (!cmd) {
+		r = json_pack("{s:b, s:s}", "ok", 0, "error", "request: must be an object with a "
+			      "string \"cmd\"");
+	} else if (strcmp(cmd, "status") == 0) {
+		r = cmd_status(d);
+	} else if (strcmp(cmd, "metrics") == 0) {
+		r = cmd_metrics(d);
+	} else if (strcmp(cmd, "jobs") == 0) {
+		r = cmd_jobs(d);
+	} else if (strcmp(cmd, "clients") == 0) {
+		r = cmd_clients(d);
+	} else if (strcmp(cmd, "health") == 0) {
+		r = cmd_health(d);
+	} else if (strcmp(cmd, "drain") == 0) {
+		r = cmd_drain(d);
+	} else {
+		snprintf(why, sizeof(why), "cmd: unknown command '%.64s' (status, metrics, jobs, "
+			 "clients, health, drain)", cmd);
+		r = json_pack("{s:b, s:s}", "ok", 0, "error", why);
+	}
+out:
+	json_decref(in);
+	if (r)
+		*reply = json_dumps(r, JSON_COMPACT);
+	json_decref(r);
+	if (*reply && strlen(*reply) >= SM70__ADMIN_MSG_MAX) {
+		free(*reply);
+		*reply = strdup("{\"ok\":false,\"error\":\"the reply does not fit 64 KiB\"}");
+	}
+	return *reply ? 0 : -ENOMEM;
+}

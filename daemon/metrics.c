@@ -1,0 +1,280 @@
+/*
+ * metrics.c - counters, histograms and the Prometheus text; see metrics.h.
+ *
+ * Bucket bounds are fixed at build time and chosen for decode on one host: TTFT from 1 ms
+ * (a cached prompt on a GPU) to 30 s (a long prefill behind a full batch), inter-token
+ * latency from 0.5 ms to 2.5 s, request duration from 10 ms to 10 min. Changing a bound
+ * changes the series, so they are part of the interface (docs/OBSERVABILITY.md).
+ */
+#include "daemon/metrics.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "daemon/daemon.h"
+#include "daemon/session.h"
+
+static const double ttft_bounds[] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+				      0.5, 1, 2.5, 5, 10, 30 };
+static const double itl_bounds[] = { 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+				     0.25, 0.5, 1, 2.5 };
+static const double duration_bounds[] = { 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+					   120, 300, 600 };
+
+#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+_Static_assert(N_OF(ttft_bounds) <= SM70__HIST_MAX_BUCKETS, "too many buckets");
+_Static_assert(N_OF(itl_bounds) <= SM70__HIST_MAX_BUCKETS, "too many buckets");
+_Static_assert(N_OF(duration_bounds) <= SM70__HIST_MAX_BUCKETS, "too many buckets");
+
+void sm70__metrics_init(struct sm70__metrics *m, uint64_t now_us)
+{
+	memset(m, 0, sizeof(*m));
+	m->start_us = now_us;
+	m->ttft.bounds = ttft_bounds;
+	m->ttft.n_bounds = N_OF(ttft_bounds);
+	m->itl.bounds = itl_bounds;
+	m->itl.n_bounds = N_OF(itl_bounds);
+	m->duration.bounds = duration_bounds;
+	m->duration.n_bounds = N_OF(duration_bounds);
+}
+
+void sm70__hist_observe(struct sm70__hist *h, double seconds)
+{
+	int i;
+
+	if (!(seconds > 0))
+		seconds = 0; /* also NaN */
+	for (i = 0; i < h->n_bounds && seconds > h->bounds[i]; i++)
+		;
+	h->buckets[i]++;
+	h->count++;
+	h->sum += seconds;
+}
+
+void sm70__metrics_finished(struct sm70__metrics *m, unsigned int reason)
+{
+	if (reason > SM70_PROTO_FINISH_ERROR)
+		reason = 0; /* rendered as "unknown" */
+	m->finished[reason]++;
+}
+
+void sm70__metrics_client_error(struct sm70__metrics *m, int code)
+{
+	if (code < 0)
+		code = -code;
+	if (code <= 0 || code >= SM70_PROTO_E__COUNT)
+		code = SM70_PROTO_E__COUNT;
+	m->client_errors[code]++;
+}
+
+void sm70__metrics_tick(struct sm70__metrics *m, uint64_t now_us)
+{
+	uint32_t last = (m->rate_next + SM70__RATE_SAMPLES - 1) % SM70__RATE_SAMPLES;
+
+	if (m->rate_n && now_us - m->rate[last].t_us < 1000000)
+		return;
+	m->rate[m->rate_next].t_us = now_us;
+	m->rate[m->rate_next].tokens = m->generation_tokens;
+	m->rate_next = (m->rate_next + 1) % SM70__RATE_SAMPLES;
+	if (m->rate_n < SM70__RATE_SAMPLES)
+		m->rate_n++;
+}
+
+double sm70__metrics_token_rate(const struct sm70__metrics *m, uint64_t now_us,
+				double *window_s)
+{
+	uint32_t oldest;
+	double dt;
+
+	*window_s = 0;
+	if (!m->rate_n)
+		return 0;
+	oldest = (m->rate_next + SM70__RATE_SAMPLES - m->rate_n) % SM70__RATE_SAMPLES;
+	dt = (double)(now_us - m->rate[oldest].t_us) * 1e-6;
+	if (dt <= 0)
+		return 0;
+	*window_s = dt;
+	return (double)(m->generation_tokens - m->rate[oldest].tokens) / dt;
+}
+
+/* The CUDA runtime is in the process only when sm70d was linked with the CUDA backend; look
+ * it up at run time so that this file needs no CUDA headers and the CPU build no CUDA. */
+int sm70__gpu_memory(int dev, int select, uint64_t *used, uint64_t *total)
+{
+	typedef int (*get_device_fn)(int *);
+	typedef int (*set_device_fn)(int);
+	typedef int (*mem_get_info_fn)(size_t *, size_t *);
+	get_device_fn get_device = (get_device_fn)dlsym(RTLD_DEFAULT, "cudaGetDevice");
+	set_device_fn set_device = (set_device_fn)dlsym(RTLD_DEFAULT, "cudaSetDevice");
+	mem_get_info_fn mem_get_info = (mem_get_info_fn)dlsym(RTLD_DEFAULT, "cudaMemGetInfo");
+	size_t f = 0, t = 0;
+	int cur = -1;
+
+	*used = *total = 0;
+	if (!get_device || !set_device || !mem_get_info)
+		return -ENODEV;
+	if (select && set_device(dev) != 0)
+		return -ENODEV;
+	/* Only the backend's current device can be asked without switching devices under
+	 * the engine's feet. */
+	if (get_device(&cur) != 0 || cur != dev || mem_get_info(&f, &t) != 0 || f > t)
+		return -ENODEV;
+	*used = (uint64_t)(t - f);
+	*total = (uint64_t)t;
+	return 0;
+}
+
+const char *sm70__error_label(int code)
+{
+	static const char *const names[SM70_PROTO_E__COUNT] = {
+		"ok", "invalid", "too_large", "busy", "no_memory", "cancelled", "shutdown",
+		"version", "denied", "slow_consumer", "internal", "unsupported",
+	};
+
+	if (code < 0)
+		code = -code;
+	if (code <= 0 || code >= SM70_PROTO_E__COUNT || !names[code])
+		return "unknown";
+	return names[code];
+}
+
+const char *sm70__finish_label(unsigned int reason)
+{
+	static const char *const names[] = {
+		"unknown", "length", "stop_eos", "stop_token", "cancelled", "deadline", "error",
+	};
+
+	if (reason >= sizeof(names) / sizeof(names[0]))
+		return "unknown";
+	return names[reason];
+}
+
+/* ---- the text ------------------------------------------------------------------------ */
+
+struct out {
+	char *p;
+	size_t size, len;
+	int full;
+};
+
+static void put(struct out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void put(struct out *o, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (o->full)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(o->p + o->len, o->size - o->len, fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n >= o->size - o->len) {
+		o->full = 1;
+		return;
+	}
+	o->len += (size_t)n;
+}
+
+static void head(struct out *o, const char *name, const char *type, const char *help)
+{
+	put(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void hist(struct out *o, const char *name, const char *help, const struct sm70__hist *h)
+{
+	uint64_t cum = 0;
+
+	head(o, name, "histogram", help);
+	for (int i = 0; i < h->n_bounds; i++) {
+		cum += h->buckets[i];
+		put(o, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+	}
+	cum += h->buckets[h->n_bounds];
+	put(o, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+	put(o, "%s_sum %.9g\n", name, h->sum);
+	put(o, "%s_count %llu\n", name, (unsigned long long)h->count);
+}
+
+static void scalar(struct out *o, const char *name, const char *type, const char *help,
+		   double v)
+{
+	head(o, name, type, help);
+	put(o, "%s %.17g\n", name, v);
+}
+
+int sm70__metrics_render(struct sm70__daemon *d, char *buf, size_t size)
+{
+	const struct sm70__metrics *m = &d->metrics;
+	struct out o = { .p = buf, .size = size };
+	struct sm70_engine_stats st;
+	uint32_t clients = 0, queued = 0;
+	double kv = 0;
+
+	if (!size)
+		return -ENOSPC;
+	buf[0] = '\0';
+	sm70_engine_get_stats(d->engine, &st);
+	for (const struct sm70__session *s = d->sessions; s; s = s->next) {
+		clients += s->state == SM70__SESSION_ACTIVE;
+		queued += s->n_queued;
+	}
+	if (st.kv_blocks_total > 0)
+		kv = (double)(st.kv_blocks_total - st.kv_blocks_free) / st.kv_blocks_total;
+
+	hist(&o, "sm70_time_to_first_token_seconds", "Time from accepting a job to posting its "
+	     "first token.", &m->ttft);
+	hist(&o, "sm70_inter_token_latency_seconds", "Time between two successive tokens posted "
+	     "for the same job.", &m->itl);
+	hist(&o, "sm70_request_duration_seconds", "Time from accepting a job to its final "
+	     "event, whatever the reason.", &m->duration);
+
+	scalar(&o, "sm70_requests_running", "gauge", "Jobs in the engine's running batch.",
+	       st.running);
+	scalar(&o, "sm70_requests_waiting", "gauge", "Accepted jobs not running yet (client "
+	       "queues and the engine's wait queue).", (double)queued + st.waiting);
+	scalar(&o, "sm70_kv_cache_usage_ratio", "gauge", "Fraction of KV cache blocks held by "
+	       "jobs (prefix-cache blocks no job holds count as free).", kv);
+	scalar(&o, "sm70_clients_connected", "gauge", "Client sessions past the handshake.",
+	       clients);
+	head(&o, "sm70_gpu_memory_used_bytes", "gauge", "Memory in use on each GPU sm70d uses "
+	     "(device-wide, as cudaMemGetInfo reports it); no samples on the CPU backend.");
+	if (strcmp(d->cfg.backend, "cuda") == 0) {
+		uint64_t used, total;
+
+		if (sm70__gpu_memory((int)d->cfg.gpus[0], 0, &used, &total) == 0)
+			put(&o, "sm70_gpu_memory_used_bytes{gpu=\"%u\"} %llu\n", d->cfg.gpus[0],
+			    (unsigned long long)used);
+	}
+
+	scalar(&o, "sm70_preemptions_total", "counter", "Running jobs preempted (KV freed, "
+	       "recomputed later) because the KV cache ran out.", (double)st.preemptions);
+	scalar(&o, "sm70_prompt_tokens_total", "counter", "Prompt tokens of jobs that entered "
+	       "the engine.", (double)m->prompt_tokens);
+	scalar(&o, "sm70_generation_tokens_total", "counter", "Tokens generated for jobs.",
+	       (double)m->generation_tokens);
+	scalar(&o, "sm70_prefix_cache_hit_tokens_total", "counter", "Prompt tokens whose KV came "
+	       "from the prefix cache instead of being computed.", (double)st.prefix_hit_tokens);
+	head(&o, "sm70_requests_finished_total", "counter", "Jobs ended, by finish reason.");
+	for (unsigned int r = 1; r <= SM70_PROTO_FINISH_ERROR; r++)
+		put(&o, "sm70_requests_finished_total{reason=\"%s\"} %llu\n",
+		    sm70__finish_label(r), (unsigned long long)m->finished[r]);
+	if (m->finished[0])
+		put(&o, "sm70_requests_finished_total{reason=\"unknown\"} %llu\n",
+		    (unsigned long long)m->finished[0]);
+	head(&o, "sm70_client_errors_total", "counter", "Errors sent to clients (ERROR events, "
+	     "refused connections, FINISH with an error), by protocol error code.");
+	for (int c = 1; c <= SM70_PROTO_E__COUNT; c++) {
+		if (c == SM70_PROTO_E_CANCELLED)
+			continue; /* never sent as an error: cancellation is a finish reason */
+		if (c == SM70_PROTO_E__COUNT && !m->client_errors[c])
+			continue;
+		put(&o, "sm70_client_errors_total{code=\"%s\"} %llu\n", sm70__error_label(c),
+		    (unsigned long long)m->client_errors[c]);
+	}
+	return o.full ? -ENOSPC : (int)o.len;
+}

@@ -1,0 +1,304 @@
+#!/bin/sh
+# deb-check.sh - the packaging check for CI: builds the .debs, installs them, serves the bundled
+# model with the installed daemon, generates through it with the installed client and SDK,
+# then purges and checks what is left. Needs root on a Debian 12 machine or container, and
+# changes that system (packages, the sm70 user, /etc/sm70d, /var/lib/sm70): run it in CI or
+# a throw-away container, not on a workstation.
+#
+#   tests/packaging/deb-check.sh [--no-build]   (--no-build: use the .debs in build/deb/)
+#
+# No systemd runs in CI, so the daemon is started directly with the unit's ExecStart line
+# as user sm70 (setpriv, which execs, so the daemon's own exit status is seen; runuser would
+# fork and answer SIGTERM itself), binding its own socket; systemd-analyze verify checks the
+# units.
+# Prints one line per check; exit status 0 when every check passed, 1 otherwise.
+set -u
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+DEBS=${SM70_DEB_OUT:-$ROOT/build/deb}
+FIXTURE=tests/fixtures/qwen3-gqa2-d64-tied
+SOCK=/run/sm70/sm70d.sock
+UNIT=/lib/systemd/system/sm70d.service
+T=$(mktemp -d /tmp/sm70-deb-check.XXXXXX)
+PKGS="sm70d libsm70client0 libsm70client-dev"
+failures=0
+daemon_pid=""
+
+pass() { echo "PASS  $*"; }
+fail() { echo "FAIL  $*"; failures=$((failures + 1)); }
+# check DESCRIPTION COMMAND...: runs the command, PASS or FAIL with its output indented.
+check() {
+	d=$1; shift
+	if "$@" >"$T/out" 2>&1; then pass "$d"; else fail "$d"; sed 's/^/      | /' "$T/out"; fi
+}
+fatal() { fail "$*"; echo "== stopped: $failures failed"; exit 1; }
+
+stop_daemon() {
+	[ -n "$daemon_pid" ] || return 0
+	kill -TERM "$daemon_pid" 2>/dev/null
+	i=0
+	while kill -0 "$daemon_pid" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+	kill -KILL "$daemon_pid" 2>/dev/null
+	wait "$daemon_pid" 2>/dev/null
+	daemon_rc=$?
+	daemon_pid=""
+}
+users_made=0
+cleanup() {
+	stop_daemon
+	if [ "$users_made" = 1 ]; then
+		userdel sm70-check-in 2>/dev/null
+		userdel sm70-check-out 2>/dev/null
+	fi
+	rm -rf "$T"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+[ "$(id -u)" -eq 0 ] || { echo "deb-check: must run as root (it installs packages)" >&2; exit 2; }
+
+# ---- tools ---------------------------------------------------------------------------------
+need=""
+for p in systemd pkgconf gcc libc6-dev; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+		need="$need $p"
+done
+if [ -n "$need" ]; then
+	echo "deb-check: installing$need" >&2
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends $need >/dev/null || fatal "installing$need"
+fi
+
+# ---- build -------------------------------------------------------------------------------
+# The daemon is a separate piece of work; say so plainly when it is not there yet.
+ls daemon/*.c >/dev/null 2>&1 ||
+	fatal "sm70d is missing: no daemon/*.c in this tree, so there is no /usr/sbin/sm70d to package"
+if [ "${1:-}" != "--no-build" ]; then
+	if scripts/build-deb.sh >"$T/build.txt" 2>&1; then
+		pass "scripts/build-deb.sh built the packages, lintian reports no errors"
+	else
+		sed 's/^/      | /' "$T/build.txt" | tail -n 80
+		fatal "scripts/build-deb.sh (build or lintian errors)"
+	fi
+	grep '^[EW]: ' "$DEBS/lintian.txt" | sed 's/^/      lintian /'
+fi
+for p in $PKGS; do
+	ls "$DEBS/${p}_"*.deb >/dev/null 2>&1 || fatal "no $DEBS/${p}_*.deb"
+done
+dpkg-deb -c "$DEBS"/sm70d_*.deb | grep ' \./usr/sbin/sm70d$' >/dev/null ||
+	fatal "sm70d is missing from the sm70d package (did build/bin/sm70d build?)"
+
+# ---- install -------------------------------------------------------------------------------
+# Start from a clean system: an earlier run or an older version may be installed.
+dpkg --purge $PKGS >/dev/null 2>&1
+rm -rf /var/lib/sm70
+debs=""
+for p in $PKGS; do debs="$debs $(ls "$DEBS/${p}_"*.deb | head -n 1)"; done
+check "dpkg -i sm70d libsm70client0 libsm70client-dev" dpkg -i $debs
+dpkg-query -W -f='${Status}\n' $PKGS | grep -vq "install ok installed" &&
+	fatal "not every package is installed"
+
+MA=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
+missing_files=""
+for f in /usr/sbin/sm70d /usr/bin/sm70-run /usr/bin/sm70-generate \
+	/etc/sm70d/sm70d.json /lib/systemd/system/sm70d.service /lib/systemd/system/sm70d.socket \
+	/usr/lib/sysusers.d/sm70d.conf /usr/lib/tmpfiles.d/sm70d.conf \
+	/usr/share/man/man8/sm70d.8.gz /usr/share/man/man1/sm70-run.1.gz \
+	/usr/share/man/man1/sm70-generate.1.gz /usr/share/man/man3/sm70_submit.3.gz \
+	/usr/lib/"$MA"/libsm70client.so.0.1.0 /usr/lib/"$MA"/libsm70client.so.0 \
+	/usr/lib/"$MA"/libsm70client.so /usr/lib/"$MA"/libsm70client.a \
+	/usr/lib/"$MA"/pkgconfig/libsm70client.pc /usr/include/sm70/client.h \
+	/usr/share/doc/sm70d/copyright /usr/share/doc/libsm70client-dev/examples/eventfd_loop.c; do
+	[ -e "$f" ] || missing_files="$missing_files $f"
+done
+if [ -z "$missing_files" ]; then
+	pass "installed files are in place (bin, sbin, lib/$MA, include, pkgconfig, units, man)"
+else
+	fail "installed files missing:$missing_files"
+fi
+check "/etc/sm70d/sm70d.json is a conffile" \
+	sh -c "dpkg-query -W -f='\${Conffiles}' sm70d | grep -q ' /etc/sm70d/sm70d.json '"
+check "sm70d links libsm70client nowhere and sm70-generate links it statically" \
+	sh -c '! ldd /usr/sbin/sm70d /usr/bin/sm70-generate | grep -q libsm70client'
+check "user sm70 and group sm70-clients exist; sm70 is in video" \
+	sh -c 'id sm70 && getent group sm70-clients && id -nG sm70 | grep -qw video'
+check "/run/sm70 and /var/lib/sm70 exist, owned by sm70" \
+	sh -c '[ "$(stat -c %U /run/sm70 /var/lib/sm70 | sort -u)" = sm70 ]'
+check "units enabled (multi-user.target and sockets.target symlinks)" \
+	test -L /etc/systemd/system/multi-user.target.wants/sm70d.service -a \
+	-L /etc/systemd/system/sockets.target.wants/sm70d.socket
+check "pkg-config knows libsm70client 0.1.0" \
+	sh -c '[ "$(pkg-config --modversion libsm70client)" = 0.1.0 ]'
+
+# systemd-analyze verify prints problems of every unit it loads; only ours count.
+systemd-analyze verify "$UNIT" /lib/systemd/system/sm70d.socket >"$T/verify" 2>&1
+vrc=$?
+if [ $vrc -eq 0 ] && ! grep -q 'sm70d' "$T/verify"; then
+	pass "systemd-analyze verify sm70d.service sm70d.socket"
+else
+	fail "systemd-analyze verify sm70d.service sm70d.socket (rc $vrc)"
+	sed 's/^/      | /' "$T/verify"
+fi
+
+# ---- serve the bundled model with the installed daemon -------------------------------------
+install -d -o sm70 -g sm70 -m 0750 /var/lib/sm70/model
+cp "$FIXTURE"/config.json "$FIXTURE"/generation_config.json "$FIXTURE"/model.safetensors \
+	/var/lib/sm70/model/
+chown -R sm70:sm70 /var/lib/sm70/model
+chmod 0640 /var/lib/sm70/model/*
+
+# The command line is the unit's own ExecStart, so this runs what systemd would run.
+cmd=$(sed -n 's/^ExecStart=//p' "$UNIT")
+[ -n "$cmd" ] || fatal "no ExecStart= in $UNIT"
+echo "      running as sm70: $cmd"
+# shellcheck disable=SC2086
+setpriv --reuid=sm70 --regid=sm70 --init-groups -- $cmd >"$T/daemon.log" 2>&1 &
+daemon_pid=$!
+i=0
+while [ ! -S "$SOCK" ] && kill -0 "$daemon_pid" 2>/dev/null && [ $i -lt 300 ]; do
+	sleep 0.1; i=$((i + 1))
+done
+if [ ! -S "$SOCK" ] || ! kill -0 "$daemon_pid" 2>/dev/null; then
+	sed 's/^/      | /' "$T/daemon.log"
+	if grep -q '"model"\|"backend"\|unknown key\|--model DIR is required' "$T/daemon.log"; then
+		echo "      sm70d does not take the model directory and backend from its config file;"
+		echo "      the packaged /etc/sm70d/sm70d.json sets \"model\" and \"backend\" (see"
+		echo "      docs/OPERATIONS.md), so the daemon's config parser must accept them."
+	fi
+	fatal "the installed sm70d did not start listening on $SOCK within 30 s"
+fi
+pass "sm70d (user sm70) listens on $SOCK"
+
+# Greedy tokens of the fixture's first reference case, streamed, then as JSON.
+ref=$(grep -o '"prompt": *\[[0-9, ]*\], *"max_new_tokens": *[0-9]*, *"tokens": *\[[0-9, ]*\]' \
+	"$FIXTURE/reference.json" | head -n 1 | tr -d ' ')
+prompt=$(echo "$ref" | sed 's/.*"prompt":\[\([0-9,]*\)\].*/\1/')
+n=$(echo "$ref" | sed 's/.*"max_new_tokens":\([0-9]*\).*/\1/')
+want=$(echo "$ref" | sed 's/.*"tokens":\[\([0-9,]*\)\].*/\1/')
+/usr/bin/sm70-generate --prompt-ids "$prompt" -n "$n" >"$T/stream" 2>"$T/stream.err"
+grc=$?
+got=$(tr -s ' \n' ',,' <"$T/stream" | sed 's/^,*//; s/,*$//')
+if [ $grc -eq 0 ] && [ "$got" = "$want" ]; then
+	pass "sm70-generate streamed $n tokens, equal to the transformers reference"
+else
+	fail "sm70-generate (rc $grc): got '$got', want '$want'"
+	cat "$T/stream" "$T/stream.err" | sed 's/^/      | /'
+fi
+/usr/bin/sm70-generate --prompt-ids "$prompt" -n "$n" --json >"$T/json" 2>&1
+if grep -q "\"tokens\":\[$want\]" "$T/json" && grep -q '"finish_reason":"length"' "$T/json"
+then
+	pass "sm70-generate --json: same tokens, finish_reason length"
+else
+	fail "sm70-generate --json"; sed 's/^/      | /' "$T/json"
+fi
+
+# The SDK example, built against the installed -dev package only.
+if cc -std=c11 -Wall -Wextra -o "$T/eventfd_loop" sdk/examples/eventfd_loop.c \
+	$(pkg-config --cflags --libs libsm70client) >"$T/cc" 2>&1; then
+	pass "eventfd_loop.c compiles with \$(pkg-config --cflags --libs libsm70client)"
+	check "eventfd_loop uses /usr/lib/$MA/libsm70client.so.0" \
+		sh -c "ldd '$T/eventfd_loop' | grep -q 'libsm70client.so.0 => \(/usr\)\{0,1\}/lib/$MA/libsm70client.so.0'"
+	"$T/eventfd_loop" "$SOCK" $(echo "$prompt" | tr ',' ' ') >"$T/loop" 2>&1
+	lrc=$?
+	first8=$(echo "$want" | cut -d, -f1-8 | tr ',' ' ')
+	if [ $lrc -eq 0 ] && grep -q "$first8" "$T/loop"; then
+		pass "eventfd_loop generated through the daemon: $first8"
+	else
+		fail "eventfd_loop (rc $lrc), wanted '$first8'"; sed 's/^/      | /' "$T/loop"
+	fi
+else
+	fail "eventfd_loop.c does not compile against the installed package"
+	sed 's/^/      | /' "$T/cc"
+fi
+if cc -std=c11 -o "$T/eventfd_loop_static" sdk/examples/eventfd_loop.c \
+	$(pkg-config --cflags libsm70client) /usr/lib/"$MA"/libsm70client.a \
+	$(pkg-config --static --libs-only-l libsm70client | sed 's/-lsm70client//') >"$T/cc" 2>&1
+then
+	pass "eventfd_loop.c links libsm70client.a with pkg-config --static's private libraries"
+else
+	fail "static link against libsm70client.a"; sed 's/^/      | /' "$T/cc"
+fi
+
+stop_daemon
+if [ "${daemon_rc:-1}" -eq 0 ]; then
+	pass "sm70d drained and exited 0 on SIGTERM"
+else
+	fail "sm70d exit status ${daemon_rc:-?} after SIGTERM"
+	tail -n 20 "$T/daemon.log" | sed 's/^/      | /'
+fi
+
+# ---- socket activation, as sm70d.socket sets it up -----------------------------------------
+# systemd-socket-activate passes a listening SOCK_SEQPACKET socket the way systemd does; the
+# owner, group and mode the socket unit sets are applied by hand. A member of sm70-clients
+# must get tokens, a user outside it must be refused.
+sock_unit=/lib/systemd/system/sm70d.socket
+s_user=$(sed -n 's/^SocketUser=//p' $sock_unit)
+s_group=$(sed -n 's/^SocketGroup=//p' $sock_unit)
+s_mode=$(sed -n 's/^SocketMode=//p' $sock_unit)
+s_path=$(sed -n 's/^ListenSequentialPacket=//p' $sock_unit)
+useradd -M -N -G sm70-clients -s /usr/sbin/nologin sm70-check-in 2>/dev/null
+useradd -M -N -s /usr/sbin/nologin sm70-check-out 2>/dev/null
+users_made=1
+rm -f "$s_path"
+# shellcheck disable=SC2086
+systemd-socket-activate --seqpacket -l "$s_path" \
+	setpriv --reuid=sm70 --regid=sm70 --init-groups -- $cmd >"$T/daemon2.log" 2>&1 &
+daemon_pid=$!
+i=0
+while [ ! -S "$s_path" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+chown "$s_user:$s_group" "$s_path" && chmod "$s_mode" "$s_path"
+as_user() { u=$1; shift; setpriv --reuid="$u" --regid=nogroup --init-groups -- "$@"; }
+as_user sm70-check-in /usr/bin/sm70-generate --prompt-ids "$prompt" -n 4 >"$T/in" 2>&1
+irc=$?
+if [ $irc -eq 0 ] && [ "$(tr -s ' \n' ',,' <"$T/in" | cut -d, -f1-4)" = "$(echo "$want" | cut -d, -f1-4)" ]
+then
+	pass "socket-activated sm70d serves a member of $s_group ($s_path $s_user:$s_group $s_mode)"
+else
+	fail "socket activation: a member of $s_group got rc $irc"
+	cat "$T/in" "$T/daemon2.log" | sed 's/^/      | /'
+fi
+as_user sm70-check-out /usr/bin/sm70-generate --prompt-ids "$prompt" -n 4 >"$T/out2" 2>&1
+if [ $? -ne 0 ] && grep -q 'Permission denied' "$T/out2"; then
+	pass "a user outside $s_group is refused (Permission denied)"
+else
+	fail "a user outside $s_group was not refused"; sed 's/^/      | /' "$T/out2"
+fi
+check "sm70d used the socket it was passed" grep -q 'passed by systemd' "$T/daemon2.log"
+stop_daemon
+[ "${daemon_rc:-1}" -eq 0 ] || fail "socket-activated sm70d exit status ${daemon_rc:-?} after SIGTERM"
+
+# ---- purge -------------------------------------------------------------------------------
+dpkg-query -L $PKGS 2>/dev/null | sort -u >"$T/files"
+check "dpkg --purge libsm70client-dev libsm70client0 sm70d" \
+	dpkg --purge libsm70client-dev libsm70client0 sm70d
+left=""
+while read -r f; do
+	# Shared directories (/usr, /usr/lib/<multiarch>, the /lib link, ...) stay; files and our
+	# own directories (checked below) must go.
+	[ -d "$f" ] && continue
+	[ -e "$f" ] || [ -L "$f" ] && left="$left $f"
+done <"$T/files"
+for d in /etc/sm70d /usr/include/sm70 /usr/share/doc/sm70d /usr/share/doc/libsm70client0 \
+	/usr/share/doc/libsm70client-dev /run/sm70; do
+	[ -e "$d" ] && left="$left $d"
+done
+left="$left $(ls /etc/systemd/system/*/sm70d.* /etc/systemd/system/sm70d.* 2>/dev/null)"
+left=$(echo $left)
+if [ -z "$left" ]; then
+	pass "purge removed every packaged file, /etc/sm70d, /run/sm70 and the unit symlinks"
+else
+	fail "left after purge: $left"
+fi
+# Policy: the sm70 user and groups stay (system users are not removed), and /var/lib/sm70 is
+# removed only when empty: the model in it is the administrator's data.
+if [ "$(ls -A /var/lib/sm70 2>/dev/null)" = model ]; then
+	pass "purge kept /var/lib/sm70/model (the administrator's weights) and nothing else there"
+else
+	fail "/var/lib/sm70 after purge holds: '$(ls -A /var/lib/sm70 2>&1)' (want only model)"
+fi
+rm -rf /var/lib/sm70
+id sm70 >/dev/null 2>&1 && echo "      (the system user sm70 and the groups sm70, sm70-clients remain, by policy)"
+
+echo "== deb-check: $failures failed"
+[ $failures -eq 0 ]

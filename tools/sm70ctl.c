@@ -1,0 +1,467 @@
+/*
+ * sm70ctl - ask a running sm70d how it is doing, over its admin socket.
+ *
+ *   sm70ctl [--socket ADMIN_PATH] [--json] [-l SECONDS] COMMAND
+ *   COMMAND: status | metrics | jobs | clients | health live|ready | drain
+ *
+ * Human tables by default, the daemon's JSON reply with --json (metrics: the Prometheus
+ * text without it). -l repeats the command every SECONDS until interrupted; status then
+ * shows tokens/s over that interval. Exit status: 0 ok; 1 the daemon answered no (health
+ * check failed, or an error reply such as access denied); 2 usage; 3 sm70d is not running
+ * (cannot connect to the admin socket); 4 unknown (no reply, a reply that is not the JSON
+ * this tool expects, or a state it does not know). docs/OBSERVABILITY.md has the details.
+ * Non-goals: changing the daemon's configuration, talking to the client socket.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_ADMIN_SOCKET "/run/sm70/sm70d.sock.admin"
+#define REPLY_MAX 65536
+#define REPLY_TIMEOUT_MS 5000
+
+enum {
+	EXIT_OK = 0,
+	EXIT_NO = 1,
+	EXIT_USAGE = 2,
+	EXIT_NOT_RUNNING = 3,
+	EXIT_UNKNOWN = 4,
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: sm70ctl [--socket ADMIN_PATH] [--json] [-l SECONDS] COMMAND\n"
+		"commands:\n"
+		"  status          model, backend, GPUs, uptime, clients, jobs, KV use, tokens/s\n"
+		"  metrics         Prometheus text of every metric\n"
+		"  jobs            unfinished jobs\n"
+		"  clients         client sessions\n"
+		"  health live     exit 0 if the daemon's loop answers\n"
+		"  health ready    exit 0 if it accepts and runs new jobs, else 1\n"
+		"  drain           stop admitting jobs, wait for the running ones, exit 0\n"
+		"                  (sm70d stays up refusing new jobs until it is restarted)\n"
+		"options:\n"
+		"  --socket PATH   admin socket (default $SM70_ADMIN_SOCKET or %s)\n"
+		"  --json          print the daemon's JSON reply\n"
+		"  -l SECONDS      repeat every SECONDS\n"
+		"exit status: 0 ok, 1 the daemon said no, 2 usage, 3 not running, 4 unknown\n",
+		DEFAULT_ADMIN_SOCKET);
+}
+
+/* ---- the request -------------------------------------------------------------------- */
+
+/* Connects to path. Returns the fd or -errno. */
+static int admin_connect(const char *path)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int fd;
+
+	if (strlen(path) >= sizeof(a.sun_path))
+		return -ENAMETOOLONG;
+	memcpy(a.sun_path, path, strlen(path) + 1);
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+		int e = errno;
+
+		close(fd);
+		return -e;
+	}
+	return fd;
+}
+
+/* Sends {"cmd": cmd} on fd and returns the parsed reply in *out (caller decrefs), the raw
+ * text in raw (REPLY_MAX bytes). Returns an exit status: EXIT_OK, or EXIT_UNKNOWN with a
+ * message printed. */
+static int request(int fd, const char *cmd, json_t **out, char *raw)
+{
+	char req[128];
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	json_error_t je;
+	ssize_t n;
+	int len;
+
+	*out = NULL;
+	len = snprintf(req, sizeof(req), "{\"cmd\":\"%s\"}", cmd);
+	if (send(fd, req, (size_t)len, MSG_NOSIGNAL) != len) {
+		fprintf(stderr, "sm70ctl: cannot send the request: %s\n", strerror(errno));
+		return EXIT_UNKNOWN;
+	}
+	if (poll(&p, 1, REPLY_TIMEOUT_MS) != 1) {
+		fprintf(stderr, "sm70ctl: no reply within %d ms\n", REPLY_TIMEOUT_MS);
+		return EXIT_UNKNOWN;
+	}
+	n = recv(fd, raw, REPLY_MAX - 1, 0);
+	if (n <= 0) {
+		fprintf(stderr, "sm70ctl: the daemon closed the connection without a reply%s%s\n",
+			n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+		return EXIT_UNKNOWN;
+	}
+	raw[n] = '\0';
+	*out = json_loads(raw, 0, &je);
+	if (!json_is_object(*out) || !json_is_boolean(json_object_get(*out, "ok"))) {
+		fprintf(stderr, "sm70ctl: unexpected reply: %.200s\n", raw);
+		json_decref(*out);
+		*out = NULL;
+		return EXIT_UNKNOWN;
+	}
+	return EXIT_OK;
+}
+
+/* ---- printing ---------------------------------------------------------------------- */
+
+static double num(json_t *o, const char *k)
+{
+	json_t *v = json_object_get(o, k);
+
+	return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+static long long inum(json_t *o, const char *k)
+{
+	json_t *v = json_object_get(o, k);
+
+	return json_is_integer(v) ? (long long)json_integer_value(v) : -1;
+}
+
+static const char *str(json_t *o, const char *k)
+{
+	const char *s = json_string_value(json_object_get(o, k));
+
+	return s ? s : "?";
+}
+
+static void fmt_duration(char *b, size_t n, double s)
+{
+	long t = isfinite(s) && s > 0 ? (long)s : 0;
+
+	if (t >= 86400)
+		snprintf(b, n, "%ldd%02ldh%02ldm", t / 86400, t / 3600 % 24, t / 60 % 60);
+	else if (t >= 3600)
+		snprintf(b, n, "%ldh%02ldm%02lds", t / 3600, t / 60 % 60, t % 60);
+	else if (t >= 60)
+		snprintf(b, n, "%ldm%02lds", t / 60, t % 60);
+	else
+		snprintf(b, n, "%.1fs", isfinite(s) && s > 0 ? s : 0.0);
+}
+
+static void fmt_bytes(char *b, size_t n, double v)
+{
+	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+	int u = 0;
+
+	while (v >= 1024 && u < 4) {
+		v /= 1024;
+		u++;
+	}
+	snprintf(b, n, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+}
+
+/* prev: the previous status reply with -l (NULL the first time), for tokens/s. */
+static void print_status(json_t *r, json_t *prev)
+{
+	json_t *gpus = json_object_get(r, "gpus"), *g;
+	double rate = num(r, "tokens_per_s"), win = num(r, "rate_window_s");
+	char up[32], a[32], b[32];
+	size_t i;
+
+	fmt_duration(up, sizeof(up), num(r, "uptime_s"));
+	printf("model      %s (%s)\n", str(r, "model"), str(r, "model_dir"));
+	printf("backend    %s\n", str(r, "backend"));
+	if (!json_array_size(gpus))
+		printf("gpus       -\n");
+	json_array_foreach(gpus, i, g) {
+		if (json_object_get(g, "memory_used_bytes")) {
+			fmt_bytes(a, sizeof(a), num(g, "memory_used_bytes"));
+			fmt_bytes(b, sizeof(b), num(g, "memory_total_bytes"));
+			printf("%s %lld: %s used of %s\n", i ? "          " : "gpus      ",
+			       inum(g, "id"), a, b);
+		} else {
+			printf("%s %lld: %s\n", i ? "          " : "gpus      ", inum(g, "id"),
+			       json_is_true(json_object_get(g, "in_use")) ? "in use" :
+			       "listed, not used (one GPU today)");
+		}
+	}
+	printf("state      %s%s\n", str(r, "state"),
+	       json_is_true(json_object_get(r, "ready")) ? " (ready)" : " (not ready)");
+	printf("pid        %lld\n", inum(r, "pid"));
+	printf("uptime     %s\n", up);
+	printf("clients    %lld\n", inum(r, "clients"));
+	printf("jobs       %lld running, %lld waiting\n", inum(r, "jobs_running"),
+	       inum(r, "jobs_waiting"));
+	printf("kv cache   %.1f%% used (%lld of %lld blocks free, %lld tokens)\n",
+	       100 * num(r, "kv_usage_ratio"), inum(r, "kv_blocks_free"),
+	       inum(r, "kv_blocks_total"), inum(r, "kv_tokens"));
+	if (prev) {
+		double dt = num(r, "uptime_s") - num(prev, "uptime_s");
+		long long dn = inum(r, "generation_tokens_total") -
+			       inum(prev, "generation_tokens_total");
+
+		if (dt > 0) {
+			rate = (double)dn / dt;
+			win = dt;
+		}
+	}
+	printf("tokens/s   %.1f (over the last %.1f s)\n", isfinite(rate) ? rate : 0.0,
+	       isfinite(win) ? win : 0.0);
+}
+
+static void print_jobs(json_t *r)
+{
+	json_t *jobs = json_object_get(r, "jobs"), *j;
+	size_t i;
+
+	printf("%-8s %-6s %-16s %-12s %-7s %4s %7s %13s %9s %8s\n", "ID", "CLIENT", "NAME", "TAG",
+	       "STATE", "PRIO", "PROMPT", "GENERATED", "AGE", "TTFT");
+	json_array_foreach(jobs, i, j) {
+		char age[32], ttft[32], gen[32];
+		double t = num(j, "ttft_s");
+
+		fmt_duration(age, sizeof(age), num(j, "age_s"));
+		if (t >= 0)
+			snprintf(ttft, sizeof(ttft), "%.1fms", t * 1e3);
+		else
+			snprintf(ttft, sizeof(ttft), "-");
+		snprintf(gen, sizeof(gen), "%lld/%lld", inum(j, "generated"),
+			 inum(j, "max_new_tokens"));
+		printf("%-8lld %-6lld %-16.16s %-12lld %-7s %4lld %7lld %13s %9s %8s\n",
+		       inum(j, "id"), inum(j, "client"), str(j, "client_name"), inum(j, "tag"),
+		       str(j, "state"), inum(j, "priority"), inum(j, "prompt_tokens"), gen, age,
+		       ttft);
+	}
+	if (json_is_true(json_object_get(r, "truncated")))
+		printf("(%zu of %lld jobs shown)\n", json_array_size(jobs), inum(r, "total"));
+}
+
+static void print_clients(json_t *r)
+{
+	json_t *cl = json_object_get(r, "clients"), *c;
+	size_t i;
+
+	printf("%-6s %-16s %8s %6s %-7s %5s %6s %5s %10s\n", "ID", "NAME", "PID", "UID",
+	       "STATE", "JOBS", "QUEUED", "HELD", "CONNECTED");
+	json_array_foreach(cl, i, c) {
+		char t[32];
+
+		fmt_duration(t, sizeof(t), num(c, "connected_s"));
+		printf("%-6lld %-16.16s %8lld %6lld %-7s %5lld %6lld %5lld %10s\n", inum(c, "id"),
+		       str(c, "name"), inum(c, "pid"), inum(c, "uid"), str(c, "state"),
+		       inum(c, "jobs"), inum(c, "queued"), inum(c, "held_events"), t);
+	}
+	if (json_is_true(json_object_get(r, "truncated")))
+		printf("(%zu of %lld clients shown)\n", json_array_size(cl), inum(r, "total"));
+}
+
+/* ---- commands ---------------------------------------------------------------------- */
+
+struct ctl {
+	const char *socket;
+	const char *cmd;
+	const char *check; /* health: "live" or "ready" */
+	int json;
+	double interval; /* -l; 0: once */
+	json_t *prev;	 /* the previous status reply, for -l */
+	char raw[REPLY_MAX];
+};
+
+/* One round trip and its output. Returns an exit status. */
+static int run_once(struct ctl *c, int fd)
+{
+	json_t *r;
+	int ret = request(fd, c->cmd, &r, c->raw);
+
+	if (ret)
+		return ret;
+	if (!json_is_true(json_object_get(r, "ok"))) {
+		fprintf(stderr, "sm70ctl: %s: %s\n", c->cmd, str(r, "error"));
+		json_decref(r);
+		return EXIT_NO;
+	}
+	if (strcmp(c->cmd, "health") == 0) {
+		json_t *v = json_object_get(r, c->check);
+
+		if (!json_is_boolean(v)) {
+			fprintf(stderr, "sm70ctl: unexpected health reply: %.200s\n", c->raw);
+			ret = EXIT_UNKNOWN;
+		} else if (c->json) {
+			printf("%s\n", c->raw);
+			ret = json_is_true(v) ? EXIT_OK : EXIT_NO;
+		} else {
+			printf("%s%s (%s: %s)\n", json_is_true(v) ? "" : "not ", c->check,
+			       str(r, "state"), str(r, "reason"));
+			ret = json_is_true(v) ? EXIT_OK : EXIT_NO;
+		}
+	} else if (c->json) {
+		printf("%s\n", c->raw);
+	} else if (strcmp(c->cmd, "metrics") == 0) {
+		fputs(str(r, "text"), stdout);
+	} else if (strcmp(c->cmd, "status") == 0) {
+		print_status(r, c->prev);
+	} else if (strcmp(c->cmd, "jobs") == 0) {
+		print_jobs(r);
+	} else if (strcmp(c->cmd, "clients") == 0) {
+		print_clients(r);
+	}
+	fflush(stdout);
+	if (strcmp(c->cmd, "status") == 0) {
+		json_decref(c->prev);
+		c->prev = r;
+	} else {
+		json_decref(r);
+	}
+	return ret;
+}
+
+static void sleep_s(double s)
+{
+	struct timespec ts = { .tv_sec = (time_t)s,
+			       .tv_nsec = (long)((s - (double)(time_t)s) * 1e9) };
+
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
+/* drain: ask once, then poll status until no job is left. */
+static int run_drain(struct ctl *c, int fd)
+{
+	json_t *r;
+	long long left;
+	int ret = request(fd, "drain", &r, c->raw);
+
+	if (ret)
+		return ret;
+	if (!json_is_true(json_object_get(r, "ok"))) {
+		fprintf(stderr, "sm70ctl: drain: %s\n", str(r, "error"));
+		json_decref(r);
+		return EXIT_NO;
+	}
+	left = inum(r, "jobs");
+	if (!c->json)
+		printf("draining: no new jobs accepted; waiting for %lld jobs\n", left);
+	json_decref(r);
+	for (;;) {
+		const char *state;
+
+		ret = request(fd, "status", &r, c->raw);
+		if (ret)
+			return ret;
+		state = str(r, "state");
+		if (strcmp(state, "drained") == 0 || strcmp(state, "stopping") == 0 ||
+		    strcmp(state, "draining") != 0) {
+			if (c->json)
+				printf("%s\n", c->raw);
+			else if (strcmp(state, "drained") == 0)
+				printf("drained: every job finished; sm70d refuses new jobs until "
+				       "it is restarted\n");
+			else
+				printf("sm70d is %s\n", state);
+			ret = strcmp(state, "drained") == 0 ? EXIT_OK :
+			      strcmp(state, "stopping") == 0 ? EXIT_NO : EXIT_UNKNOWN;
+			json_decref(r);
+			return ret;
+		}
+		json_decref(r);
+		sleep_s(0.1);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option lopts[] = {
+		{ "socket", required_argument, 0, 's' },
+		{ "json", no_argument, 0, 'j' },
+		{ "loop", required_argument, 0, 'l' },
+		{ "help", no_argument, 0, 'h' },
+		{ 0, 0, 0, 0 },
+	};
+	static struct ctl c; /* the reply buffer is large */
+	char *end;
+	int opt, fd, ret;
+
+	c.socket = getenv("SM70_ADMIN_SOCKET");
+	if (!c.socket || !*c.socket)
+		c.socket = DEFAULT_ADMIN_SOCKET;
+	while ((opt = getopt_long(argc, argv, "s:jl:h", lopts, NULL)) != -1) {
+		switch (opt) {
+		case 's':
+			c.socket = optarg;
+			break;
+		case 'j':
+			c.json = 1;
+			break;
+		case 'l':
+			c.interval = strtod(optarg, &end);
+			if (*end || !(c.interval > 0) || c.interval > 86400) {
+				fprintf(stderr, "sm70ctl: -l: '%s' is not a number of seconds in "
+					"(0, 86400]\n", optarg);
+				return EXIT_USAGE;
+			}
+			break;
+		case 'h':
+			usage(stdout);
+			return EXIT_OK;
+		default:
+			usage(stderr);
+			return EXIT_USAGE;
+		}
+	}
+	if (optind >= argc) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	c.cmd = argv[optind++];
+	if (strcmp(c.cmd, "health") == 0) {
+		if (optind >= argc ||
+		    (strcmp(argv[optind], "live") && strcmp(argv[optind], "ready"))) {
+			fprintf(stderr, "sm70ctl: health needs 'live' or 'ready'\n");
+			return EXIT_USAGE;
+		}
+		c.check = argv[optind++];
+	} else if (strcmp(c.cmd, "status") && strcmp(c.cmd, "metrics") && strcmp(c.cmd, "jobs") &&
+		   strcmp(c.cmd, "clients") && strcmp(c.cmd, "drain")) {
+		fprintf(stderr, "sm70ctl: unknown command '%s'\n", c.cmd);
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	if (optind < argc) {
+		fprintf(stderr, "sm70ctl: unexpected argument '%s'\n", argv[optind]);
+		return EXIT_USAGE;
+	}
+	if (c.interval > 0 && strcmp(c.cmd, "drain") == 0) {
+		fprintf(stderr, "sm70ctl: -l does not apply to drain\n");
+		return EXIT_USAGE;
+	}
+
+	fd = admin_connect(c.socket);
+	if (fd < 0) {
+		fprintf(stderr, "sm70ctl: cannot connect to %s: %s (is sm70d running?)\n",
+			c.socket, strerror(-fd));
+		return EXIT_NOT_RUNNING;
+	}
+	if (strcmp(c.cmd, "drain") == 0) {
+		ret = run_drain(&c, fd);
+	} else {
+		for (;;) {
+			ret = run_once(&c, fd);
+			if (c.interval <= 0 || ret == EXIT_UNKNOWN)
+				break;
+			sleep_s(c.interval);
+			if (!c.json && strcmp(c.cmd, "metrics"))
+				printf("\n");
+		}
+	}
+	json_decref(c.prev);
+	close(fd);
+	return ret;
+}
