@@ -94,6 +94,10 @@ int sm70__eq_pop(struct sm70__rings *r, struct sm70_proto_eqe *out, int *ring_do
 	r->eq_head++;
 	/* Release: our copy of the slot is complete before the daemon may reuse it. */
 	sm70_ring_store_release(&r->hdr->eq_head, r->eq_head);
-	*ring_doorbell = sm70_proto_wake_needed(&r->hdr->eq_space_wanted);
+	/* A daemon waiting for space needs one wakeup, not one per event: check its flag when
+	 * the ring is down to half and when it is empty (a client drains to empty before it
+	 * sleeps, so the wakeup is never lost). */
+	if (n - 1 == 0 || (uint32_t)(n - 1) == r->eq_entries / 2)
+		*ring_doorbell = sm70_proto_wake_needed(&r->hdr->eq_space_wanted);
 	return 1;
 }
