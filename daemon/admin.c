@@ -7,6 +7,7 @@
  * jobs; sm70ctl polls `status` until the running jobs are gone.
  */
 #include "daemon/admin.h"
+#include "daemon/unix_socket.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -34,84 +35,6 @@ struct sm70__admin_conn {
 
 /* ---- the socket ----------------------------------------------------------------------- */
 
-/* Binds path like the client socket: only a socket file that refuses connections is
- * replaced. Returns the listening fd or -errno. */
-static int admin_bind(const char *path, uint32_t mode, struct sm70_err *err)
-{
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	struct stat st;
-	int fd, probe, ret;
-
-	snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return sm70_errf(err, -errno, "admin socket: %s", strerror(errno));
-	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
-		goto bound;
-	ret = -errno;
-	if (ret != -EADDRINUSE) {
-		sm70_errf(err, ret, "bind %s: %s", path, strerror(-ret));
-		goto fail;
-	}
-	if (lstat(path, &st) || !S_ISSOCK(st.st_mode)) {
-		ret = sm70_errf(err, -EEXIST, "%s exists and is not a socket; not touching it",
-				path);
-		goto fail;
-	}
-	probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (probe < 0) {
-		ret = sm70_errf(err, -errno, "socket: %s", strerror(errno));
-		goto fail;
-	}
-	ret = connect(probe, (struct sockaddr *)&a, sizeof(a)) ? -errno : 0;
-	close(probe);
-	if (ret != -ECONNREFUSED) {
-		ret = sm70_errf(err, -EADDRINUSE, "%s: another process listens on it (is sm70d "
-				"already running?)", path);
-		goto fail;
-	}
-	if ((unlink(path) && errno != ENOENT) || bind(fd, (struct sockaddr *)&a, sizeof(a))) {
-		ret = sm70_errf(err, -errno, "bind %s: %s", path, strerror(errno));
-		goto fail;
-	}
-bound:
-	if (chmod(path, mode) || listen(fd, 16)) {
-		ret = sm70_errf(err, -errno, "admin socket %s: %s", path, strerror(errno));
-		unlink(path);
-		goto fail;
-	}
-	return fd;
-fail:
-	close(fd);
-	return ret;
-}
-
-static int id_in(uint32_t id, const uint32_t *ids, uint32_t n)
-{
-	for (uint32_t i = 0; i < n; i++)
-		if (ids[i] == id)
-			return 1;
-	return 0;
-}
-
-static int admin_access_ok(const struct sm70__config *c, int fd, uid_t uid, gid_t gid)
-{
-	gid_t groups[256];
-	socklen_t len = sizeof(groups);
-
-	if (id_in((uint32_t)uid, c->admin_allowed_uids, c->n_admin_allowed_uids) ||
-	    id_in((uint32_t)gid, c->admin_allowed_gids, c->n_admin_allowed_gids))
-		return 1;
-	if (!c->n_admin_allowed_gids ||
-	    getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len))
-		return 0;
-	for (size_t i = 0; i < len / sizeof(gid_t); i++)
-		if (id_in((uint32_t)groups[i], c->admin_allowed_gids, c->n_admin_allowed_gids))
-			return 1;
-	return 0;
-}
-
-/* Sends one reply without waiting. Returns 0 or -errno (the caller drops the peer). */
 static int send_reply(int fd, const char *text)
 {
 	size_t n = strlen(text);
@@ -201,7 +124,9 @@ static void on_admin_listen(void *arg, int lfd, uint32_t revents)
 			close(fd);
 			continue;
 		}
-		if (!admin_access_ok(&d->cfg, fd, cred.uid, cred.gid)) {
+		if (!sm70__peer_allowed(fd, cred.uid, cred.gid, d->cfg.admin_allowed_uids,
+						d->cfg.n_admin_allowed_uids, d->cfg.admin_allowed_gids,
+						d->cfg.n_admin_allowed_gids)) {
 			snprintf(why, sizeof(why), "denied: uid %u (gid %u) is not in "
 				 "admin_allowed_uids or admin_allowed_gids", (unsigned)cred.uid,
 				 (unsigned)cred.gid);
@@ -239,7 +164,7 @@ int sm70__admin_open(struct sm70__daemon *d, struct sm70_err *err)
 {
 	int fd, ret;
 
-	fd = admin_bind(d->cfg.admin_socket_path, d->cfg.admin_socket_mode, err);
+	fd = sm70__unix_listen(d->cfg.admin_socket_path, d->cfg.admin_socket_mode, 16, err);
 	if (fd < 0)
 		return fd;
 	d->admin_fd = fd;

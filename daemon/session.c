@@ -11,6 +11,7 @@
  * a full event ring holds events back instead of waiting.
  */
 #include "daemon/session.h"
+#include "daemon/unix_socket.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -50,70 +51,6 @@ static void on_doorbell(void *arg, int fd, uint32_t revents);
 
 static void on_listen(void *arg, int fd, uint32_t revents);
 
-/* Binds path, replacing a socket file only if nothing listens on it. Returns the fd or
- * -errno. */
-static int bind_path(const struct sm70__config *cfg, struct sm70_err *err)
-{
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	struct stat st;
-	int fd, probe, ret;
-
-	memcpy(a.sun_path, cfg->socket_path, sizeof(a.sun_path) - 1); /* NUL-terminated */
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return sm70_errf(err, -errno, "socket(AF_UNIX, SOCK_SEQPACKET): %s",
-				 strerror(errno));
-	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
-		goto bound;
-	ret = -errno;
-	if (ret != -EADDRINUSE) {
-		sm70_errf(err, ret, "bind %s: %s", cfg->socket_path, strerror(-ret));
-		goto fail;
-	}
-	/* Something is there. Only a socket that refuses connections is stale. */
-	if (lstat(cfg->socket_path, &st) || !S_ISSOCK(st.st_mode)) {
-		ret = sm70_errf(err, -EEXIST, "%s exists and is not a socket; not touching it",
-				cfg->socket_path);
-		goto fail;
-	}
-	probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (probe < 0) {
-		ret = sm70_errf(err, -errno, "socket: %s", strerror(errno));
-		goto fail;
-	}
-	ret = connect(probe, (struct sockaddr *)&a, sizeof(a)) ? -errno : 0;
-	close(probe);
-	if (ret != -ECONNREFUSED) {
-		ret = sm70_errf(err, -EADDRINUSE, "%s: another process listens on it (is sm70d "
-				"already running?)", cfg->socket_path);
-		goto fail;
-	}
-	sm70__notice("removing the stale socket %s", cfg->socket_path);
-	if (unlink(cfg->socket_path) && errno != ENOENT) {
-		ret = sm70_errf(err, -errno, "unlink %s: %s", cfg->socket_path, strerror(errno));
-		goto fail;
-	}
-	if (bind(fd, (struct sockaddr *)&a, sizeof(a))) {
-		ret = sm70_errf(err, -errno, "bind %s: %s", cfg->socket_path, strerror(errno));
-		goto fail;
-	}
-bound:
-	if (chmod(cfg->socket_path, cfg->socket_mode)) {
-		ret = sm70_errf(err, -errno, "chmod %s: %s", cfg->socket_path, strerror(errno));
-		unlink(cfg->socket_path);
-		goto fail;
-	}
-	if (listen(fd, 128)) {
-		ret = sm70_errf(err, -errno, "listen %s: %s", cfg->socket_path, strerror(errno));
-		unlink(cfg->socket_path);
-		goto fail;
-	}
-	return fd;
-fail:
-	close(fd);
-	return ret;
-}
-
 int sm70__listener_open(struct sm70__daemon *d, struct sm70_err *err)
 {
 	int n, i, fd = -1, ret;
@@ -142,7 +79,7 @@ int sm70__listener_open(struct sm70__daemon *d, struct sm70_err *err)
 		sm70__info("using the listening socket passed by systemd (fd %d)", fd);
 		d->listen_unlink = 0;
 	} else {
-		fd = bind_path(&d->cfg, err);
+		fd = sm70__unix_listen(d->cfg.socket_path, d->cfg.socket_mode, 128, err);
 		if (fd < 0)
 			return fd;
 		d->listen_unlink = 1;
@@ -243,33 +180,6 @@ static void refuse(struct sm70__daemon *d, struct sm70__session *s, int code, co
 	sm70__notice("session %u (pid %d uid %u): refused (%s): %s", s->id, (int)s->pid,
 		     (unsigned)s->uid, sm70_proto_strerror(code), r.reason);
 	sm70__session_close(d, s, "refused");
-}
-
-static int id_in(uint32_t id, const uint32_t *ids, uint32_t n)
-{
-	for (uint32_t i = 0; i < n; i++)
-		if (ids[i] == id)
-			return 1;
-	return 0;
-}
-
-/* Whether the peer may connect: its uid, its primary gid, or a supplementary gid. */
-static int access_ok(const struct sm70__daemon *d, const struct sm70__session *s)
-{
-	gid_t groups[256];
-	socklen_t len = sizeof(groups);
-
-	if (id_in((uint32_t)s->uid, d->cfg.allowed_uids, d->cfg.n_allowed_uids) ||
-	    id_in((uint32_t)s->gid, d->cfg.allowed_gids, d->cfg.n_allowed_gids))
-		return 1;
-	if (!d->cfg.n_allowed_gids)
-		return 0;
-	if (getsockopt(s->sock, SOL_SOCKET, SO_PEERGROUPS, groups, &len))
-		return 0; /* too many groups or an old kernel: the primary gid decided */
-	for (size_t i = 0; i < len / sizeof(gid_t); i++)
-		if (id_in((uint32_t)groups[i], d->cfg.allowed_gids, d->cfg.n_allowed_gids))
-			return 1;
-	return 0;
 }
 
 static uint32_t ring_size(uint32_t want, uint32_t dflt, uint32_t lo, uint32_t hi)
@@ -461,7 +371,8 @@ static void handle_hello(struct sm70__daemon *d, struct sm70__session *s)
 		s->name[i] = (h.client_name[i] >= 0x20 && h.client_name[i] < 0x7f) ?
 			     h.client_name[i] : '?';
 
-	if (!access_ok(d, s)) {
+	if (!sm70__peer_allowed(s->sock, s->uid, s->gid, d->cfg.allowed_uids,
+				 d->cfg.n_allowed_uids, d->cfg.allowed_gids, d->cfg.n_allowed_gids)) {
 		refuse(d, s, SM70_PROTO_E_DENIED, "uid %u (gid %u) may not use this sm70d: "
 		       "ask its administrator to add the uid to allowed_uids or a group to "
 		       "allowed_gids", (unsigned)s->uid, (unsigned)s->gid);
