@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "sm70/client.h"
+#include "tools/cli/cli.h"
 
 struct run {
 	int json;
@@ -61,93 +62,6 @@ static int die_usage(const char *fmt, const char *arg)
 	fprintf(stderr, "\n");
 	usage(stderr);
 	return 2;
-}
-
-/* Parses non-negative token ids separated by commas/white space into a new array. Returns
- * the count, -1 with *bad at the offending text, or -2 when out of memory. */
-static long parse_ids(const char *s, uint32_t **out, const char **bad)
-{
-	size_t n = 0, cap = 64;
-	uint32_t *v = malloc(sizeof(*v) * cap);
-
-	if (!v)
-		return -2;
-	while (*s) {
-		char *end;
-		long long x;
-
-		while (*s && strchr(", \n\t\r", *s))
-			s++;
-		if (!*s)
-			break;
-		errno = 0;
-		x = strtoll(s, &end, 10);
-		if (end == s || errno || x < 0 || x > INT32_MAX ||
-		    (*end && !strchr(", \n\t\r", *end))) {
-			*bad = s;
-			free(v);
-			return -1;
-		}
-		if (n == cap) {
-			uint32_t *nv = realloc(v, sizeof(*v) * (cap *= 2));
-
-			if (!nv) {
-				free(v);
-				return -2;
-			}
-			v = nv;
-		}
-		v[n++] = (uint32_t)x;
-		s = end;
-	}
-	*out = v;
-	return (long)n;
-}
-
-static char *read_file(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf = NULL, *nb;
-	size_t n = 0, cap = 0, r;
-
-	if (!f)
-		return NULL;
-	for (;;) {
-		if (cap - n < 4096) {
-			nb = realloc(buf, cap = cap ? cap * 2 : 8192);
-			if (!nb) {
-				free(buf);
-				fclose(f);
-				return NULL;
-			}
-			buf = nb;
-		}
-		r = fread(buf + n, 1, cap - n - 1, f);
-		n += r;
-		if (r == 0)
-			break;
-	}
-	fclose(f);
-	buf[n] = '\0';
-	return buf;
-}
-
-static int parse_num(const char *s, double lo, double hi, double *out)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi)
-		return -1;
-	*out = v;
-	return 0;
-}
-
-static int parse_int(const char *s, double lo, double hi, double *out)
-{
-	return parse_num(s, lo, hi, out) || *out != floor(*out) ? -1 : 0;
 }
 
 /* Prints a double the way jansson does (%.17g, a ".0" on integral values, exponent without
@@ -288,7 +202,7 @@ int main(int argc, char **argv)
 	struct run r = { 0 };
 	const char *sock = NULL, *pids = NULL, *pfile = NULL, *bad = NULL;
 	char *file_text = NULL;
-	uint32_t *prompt = NULL, *stops = NULL;
+	int32_t *prompt = NULL, *stops = NULL;
 	long n;
 	double v;
 	int opt, ret, rc = 1;
@@ -307,23 +221,23 @@ int main(int argc, char **argv)
 			pfile = optarg;
 			break;
 		case 'n':
-			if (parse_int(optarg, 1, UINT32_MAX, &v))
+			if (sm70__cli_parse_int(optarg, 1, UINT32_MAX, &v))
 				return die_usage("-n wants a positive integer, not '%s'", optarg);
 			job.max_tokens = (uint32_t)v;
 			break;
 		case O_TEMP:
-			if (parse_num(optarg, 0, 1e6, &v))
+			if (sm70__cli_parse_num(optarg, 0, 1e6, &v))
 				return die_usage("--temperature wants a number >= 0, not '%s'",
 							 optarg);
 			job.temperature = (float)v;
 			break;
 		case O_TOPK:
-			if (parse_int(optarg, 0, INT32_MAX, &v))
+			if (sm70__cli_parse_int(optarg, 0, INT32_MAX, &v))
 				return die_usage("--top-k wants an integer >= 0, not '%s'", optarg);
 			job.top_k = (int32_t)v;
 			break;
 		case O_TOPP:
-			if (parse_num(optarg, 0, 1, &v) || v <= 0)
+			if (sm70__cli_parse_num(optarg, 0, 1, &v) || v <= 0)
 				return die_usage("--top-p wants a number in (0, 1], not '%s'",
 							 optarg);
 			job.top_p = (float)v;
@@ -339,7 +253,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		case O_TOPLP:
-			if (parse_int(optarg, 0, SM70_MAX_TOP_LOGPROBS, &v))
+			if (sm70__cli_parse_int(optarg, 0, SM70_MAX_TOP_LOGPROBS, &v))
 				return die_usage("--top-logprobs wants an integer 0..8, not '%s'",
 						 optarg);
 			job.top_logprobs = (uint32_t)v;
@@ -348,7 +262,7 @@ int main(int argc, char **argv)
 			r.json = 1;
 			break;
 		case O_STOP:
-			n = parse_ids(optarg, &stops, &bad);
+			n = sm70__cli_parse_ids(optarg, &stops, &bad);
 			if (n < 0 || n > SM70_MAX_STOP)
 				return die_usage("--stop-ids wants up to 8 token ids, not '%s'",
 							 optarg);
@@ -360,13 +274,13 @@ int main(int argc, char **argv)
 			job.flags |= SM70_JOB_IGNORE_EOS;
 			break;
 		case O_PRIO:
-			if (parse_int(optarg, 0, 255, &v))
+			if (sm70__cli_parse_int(optarg, 0, 255, &v))
 				return die_usage("--priority wants an integer 0..255, not '%s'",
 							 optarg);
 			job.priority = (uint32_t)v;
 			break;
 		case O_DEADLINE:
-			if (parse_int(optarg, 0, UINT32_MAX, &v))
+			if (sm70__cli_parse_int(optarg, 0, UINT32_MAX, &v))
 				return die_usage("--deadline-ms wants an integer >= 0, not '%s'",
 							 optarg);
 			job.deadline_ms = (uint32_t)v;
@@ -387,7 +301,7 @@ int main(int argc, char **argv)
 	if (!pids == !pfile)
 		return die_usage("%s", "give exactly one of --prompt-ids and --prompt-file");
 	if (pfile) {
-		file_text = read_file(pfile);
+		file_text = sm70__cli_read_file(pfile);
 		if (!file_text) {
 			fprintf(stderr, "sm70-generate: cannot read prompt file %s: %s\n", pfile,
 				strerror(errno));
@@ -395,7 +309,7 @@ int main(int argc, char **argv)
 		}
 		pids = file_text;
 	}
-	n = parse_ids(pids, &prompt, &bad);
+	n = sm70__cli_parse_ids(pids, &prompt, &bad);
 	if (n == -1) {
 		fprintf(stderr, "sm70-generate: bad token id in the prompt near '%.20s'\n",
 			bad ? bad : "");
@@ -409,7 +323,7 @@ int main(int argc, char **argv)
 		rc = 2;
 		goto out;
 	}
-	job.prompt = prompt;
+	job.prompt = (const uint32_t *)prompt; /* ids are 0..INT32_MAX */
 	job.prompt_len = (uint32_t)n;
 
 	r.cap = job.max_tokens < 1u << 20 ? job.max_tokens : 1u << 20;

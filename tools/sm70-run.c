@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "daemon/engine/engine.h"
+#include "tools/cli/cli.h"
 
 struct run {
 	int json;
@@ -56,87 +57,6 @@ static int die_usage(const char *fmt, const char *arg)
 	fprintf(stderr, "\n");
 	usage(stderr);
 	return 2;
-}
-
-/* Parses a list of non-negative token ids separated by commas/white space. Returns the
- * count or -1 (with *bad pointing at the offending text). */
-static int parse_ids(const char *s, int32_t **out, const char **bad)
-{
-	int n = 0, cap = 64;
-	int32_t *v = malloc(sizeof(*v) * (size_t)cap);
-
-	if (!v)
-		return -1;
-	while (*s) {
-		char *end;
-		long x;
-
-		while (*s == ',' || *s == ' ' || *s == '\n' || *s == '\t' || *s == '\r')
-			s++;
-		if (!*s)
-			break;
-		errno = 0;
-		x = strtol(s, &end, 10);
-		if (end == s || errno || x < 0 || x > INT32_MAX ||
-		    (*end && !strchr(", \n\t\r", *end))) {
-			*bad = s;
-			free(v);
-			return -1;
-		}
-		if (n == cap) {
-			int32_t *nv = realloc(v, sizeof(*v) * (size_t)(cap *= 2));
-			if (!nv) {
-				free(v);
-				return -1;
-			}
-			v = nv;
-		}
-		v[n++] = (int32_t)x;
-		s = end;
-	}
-	*out = v;
-	return n;
-}
-
-static char *read_file(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf = NULL;
-	size_t n = 0, cap = 0;
-
-	if (!f)
-		return NULL;
-	for (;;) {
-		if (cap - n < 4096) {
-			char *nb = realloc(buf, cap = cap ? cap * 2 : 8192);
-			if (!nb) {
-				free(buf);
-				fclose(f);
-				return NULL;
-			}
-			buf = nb;
-		}
-		size_t r = fread(buf + n, 1, cap - n - 1, f);
-		n += r;
-		if (r == 0)
-			break;
-	}
-	fclose(f);
-	buf[n] = '\0';
-	return buf;
-}
-
-static int parse_num(const char *s, double lo, double hi, double *out)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi)
-		return -1;
-	*out = v;
-	return 0;
 }
 
 static void on_event(void *ctx, const struct sm70_event *ev)
@@ -246,22 +166,22 @@ int main(int argc, char **argv)
 			pfile = optarg;
 			break;
 		case 'n':
-			if (parse_num(optarg, 1, INT32_MAX, &v) || v != floor(v))
+			if (sm70__cli_parse_int(optarg, 1, INT32_MAX, &v))
 				return die_usage("-n wants a positive integer, not '%s'", optarg);
 			req.max_new_tokens = (int)v;
 			break;
 		case O_TEMP:
-			if (parse_num(optarg, 0, 1e6, &v))
+			if (sm70__cli_parse_num(optarg, 0, 1e6, &v))
 				return die_usage("--temperature wants a number >= 0, not '%s'", optarg);
 			req.sampling.temperature = (float)v;
 			break;
 		case O_TOPK:
-			if (parse_num(optarg, 0, INT32_MAX, &v) || v != floor(v))
+			if (sm70__cli_parse_int(optarg, 0, INT32_MAX, &v))
 				return die_usage("--top-k wants an integer >= 0, not '%s'", optarg);
 			req.sampling.top_k = (int)v;
 			break;
 		case O_TOPP:
-			if (parse_num(optarg, 0, 1, &v) || v <= 0)
+			if (sm70__cli_parse_num(optarg, 0, 1, &v) || v <= 0)
 				return die_usage("--top-p wants a number in (0, 1], not '%s'", optarg);
 			req.sampling.top_p = (float)v;
 			break;
@@ -274,7 +194,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		case O_TOPLP:
-			if (parse_num(optarg, 0, SM70_MAX_TOP_LOGPROBS, &v) || v != floor(v))
+			if (sm70__cli_parse_int(optarg, 0, SM70_MAX_TOP_LOGPROBS, &v))
 				return die_usage("--top-logprobs wants an integer 0..20, not '%s'",
 						 optarg);
 			req.sampling.top_logprobs = (int)v;
@@ -283,7 +203,7 @@ int main(int argc, char **argv)
 			r.json = 1;
 			break;
 		case O_STOP: {
-			int n = parse_ids(optarg, &stops, &bad);
+			long n = sm70__cli_parse_ids(optarg, &stops, &bad);
 			if (n < 0 || n > SM70_MAX_STOP_TOKENS)
 				return die_usage("--stop-ids wants up to 8 token ids, not '%s'", optarg);
 			memcpy(req.stop_ids, stops, sizeof(int32_t) * (size_t)n);
@@ -295,23 +215,23 @@ int main(int argc, char **argv)
 			req.ignore_eos = 1;
 			break;
 		case O_THREADS:
-			if (parse_num(optarg, 0, 1024, &v) || v != floor(v))
+			if (sm70__cli_parse_int(optarg, 0, 1024, &v))
 				return die_usage("--threads wants an integer 0..1024, not '%s'", optarg);
 			eo.n_threads = (int)v;
 			break;
 		case O_BS:
-			if (parse_num(optarg, 1, 4096, &v) || v != floor(v))
+			if (sm70__cli_parse_int(optarg, 1, 4096, &v))
 				return die_usage("--block-size wants an integer 1..4096, not '%s'",
 						 optarg);
 			eo.block_size = (int)v;
 			break;
 		case O_KVB:
-			if (parse_num(optarg, 1, INT32_MAX, &v) || v != floor(v))
+			if (sm70__cli_parse_int(optarg, 1, INT32_MAX, &v))
 				return die_usage("--kv-blocks wants a positive integer, not '%s'", optarg);
 			eo.kv_blocks = (int)v;
 			break;
 		case O_MBT:
-			if (parse_num(optarg, 16, 1 << 20, &v) || v != floor(v))
+			if (sm70__cli_parse_int(optarg, 16, 1 << 20, &v))
 				return die_usage("--max-batch-tokens wants an integer >= 16, not '%s'",
 						 optarg);
 			eo.max_batch_tokens = (int)v;
@@ -341,7 +261,7 @@ int main(int argc, char **argv)
 	if (!pids == !pfile)
 		return die_usage("%s", "give exactly one of --prompt-ids and --prompt-file");
 	if (pfile) {
-		file_text = read_file(pfile);
+		file_text = sm70__cli_read_file(pfile);
 		if (!file_text) {
 			fprintf(stderr, "sm70-run: cannot read prompt file %s: %s\n", pfile,
 				strerror(errno));
@@ -349,7 +269,7 @@ int main(int argc, char **argv)
 		}
 		pids = file_text;
 	}
-	req.n_prompt = parse_ids(pids, &prompt, &bad);
+	req.n_prompt = (int)sm70__cli_parse_ids(pids, &prompt, &bad);
 	if (req.n_prompt < 0) {
 		fprintf(stderr, "sm70-run: bad token id in the prompt near '%.20s'\n",
 			bad ? bad : "");
