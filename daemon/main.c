@@ -415,7 +415,7 @@ static int run(struct sm70__daemon *d, struct watchdog *wd)
 		watchdog_tick(d, wd);
 		status_tick(d, &status_us, &status_key);
 		if (d->fatal) {
-			sm70__err("giving up after %d failed engine steps", d->step_failures);
+			sm70__err("giving up after %d failed engine step(s)", d->step_failures);
 			return -EIO;
 		}
 		if (d->draining && !d->n_jobs) {

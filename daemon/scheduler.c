@@ -482,7 +482,10 @@ int sm70__sched_step(struct sm70__daemon *d)
 		for (struct sm70__job *j = s->jobs; j; j = j->next_in_session)
 			if (j->in_engine)
 				kill_job(d, j, SM70__KILL_INTERNAL);
-	if (d->step_failures >= 3)
+	/* -EIO is a sticky device error (the CUDA backend reports one once the context is
+	 * lost): nothing will work again in this process, so exit at once and let systemd
+	 * restart it. Other failures get two more chances. */
+	if (ret == -EIO || d->step_failures >= 3)
 		d->fatal = 1;
 	return ret;
 }

@@ -101,10 +101,10 @@ dpkg-query -W -f='${Status}\n' $PKGS | grep -vq "install ok installed" &&
 
 MA=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
 missing_files=""
-for f in /usr/sbin/sm70d /usr/bin/sm70-run /usr/bin/sm70-generate \
+for f in /usr/sbin/sm70d /usr/sbin/sm70ctl /usr/bin/sm70-run /usr/bin/sm70-generate \
 	/etc/sm70d/sm70d.json /lib/systemd/system/sm70d.service /lib/systemd/system/sm70d.socket \
 	/usr/lib/sysusers.d/sm70d.conf /usr/lib/tmpfiles.d/sm70d.conf \
-	/usr/share/man/man8/sm70d.8.gz /usr/share/man/man1/sm70-run.1.gz \
+	/usr/share/man/man8/sm70d.8.gz /usr/share/man/man8/sm70ctl.8.gz /usr/share/man/man1/sm70-run.1.gz \
 	/usr/share/man/man1/sm70-generate.1.gz /usr/share/man/man3/sm70_submit.3.gz \
 	/usr/lib/"$MA"/libsm70client.so.0.1.0 /usr/lib/"$MA"/libsm70client.so.0 \
 	/usr/lib/"$MA"/libsm70client.so /usr/lib/"$MA"/libsm70client.a \
@@ -192,6 +192,15 @@ then
 else
 	fail "sm70-generate --json"; sed 's/^/      | /' "$T/json"
 fi
+
+# The installed admin tool against the running daemon (root may use the admin socket).
+check "sm70ctl status answers" /usr/sbin/sm70ctl status
+check "sm70ctl --json status is JSON naming the model" \
+	sh -c '/usr/sbin/sm70ctl --json status | python3 -c "import json,sys; d=json.load(sys.stdin); assert \"model\" in json.dumps(d)"'
+check "sm70ctl metrics is Prometheus text with the generation counter" \
+	sh -c '/usr/sbin/sm70ctl metrics | grep -q "^# TYPE sm70_generation_tokens_total counter"'
+check "sm70ctl health live" /usr/sbin/sm70ctl health live
+check "sm70ctl health ready" /usr/sbin/sm70ctl health ready
 
 # The SDK example, built against the installed -dev package only.
 if cc -std=c11 -Wall -Wextra -o "$T/eventfd_loop" sdk/examples/eventfd_loop.c \
