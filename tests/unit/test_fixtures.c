@@ -28,7 +28,7 @@ static double gap_tol = 1e-3;
 static double margin_min = 0; /* steps closer than this may diverge (GPU only) */
 static const char *backend = "cpu";
 static enum sm70_dtype kv_dtype = SM70_DTYPE_COUNT;
-#define MAX_CASES 8
+#define MAX_CASES 16
 #define MAX_STEPS 64
 
 struct got {
@@ -64,8 +64,8 @@ static void on_event(void *ctx, const struct sm70_event *ev)
 	fail_msg("event for unknown request %llu", (unsigned long long)ev->id);
 }
 
-/* Submits cases [first, first+count) of ref together and runs them to completion. */
-static void run_cases(const char *dir, json_t *cases, int first, int count,
+/* Submits cases idx[0..count) of ref together and runs them to completion. */
+static void run_cases(const char *dir, json_t *cases, const int *idx, int count,
 		      const struct sm70_engine_opts *eo, struct collect *c)
 {
 	struct sm70_engine *e = NULL;
@@ -76,7 +76,7 @@ static void run_cases(const char *dir, json_t *cases, int first, int count,
 		fail_msg("open %s: %s", dir, err.msg);
 	memset(c, 0, sizeof(*c));
 	for (int i = 0; i < count; i++) {
-		json_t *cs = json_array_get(cases, (size_t)(first + i));
+		json_t *cs = json_array_get(cases, (size_t)idx[i]);
 		json_t *prompt = json_object_get(cs, "prompt");
 		int n = (int)json_array_size(prompt);
 		int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
@@ -187,7 +187,8 @@ static void alone(const char *dir, const char *name)
 	eo.backend = backend;
 	eo.kv_dtype = kv_dtype;
 	for (size_t i = 0; i < json_array_size(cases); i++) {
-		run_cases(dir, cases, (int)i, 1, &eo, &c);
+		int one = (int)i;
+		run_cases(dir, cases, &one, 1, &eo, &c);
 		double worst = check_case(name, (int)i, json_array_get(cases, i), &c.got[0]);
 		printf("%-24s case %zu alone: %2d tokens equal, worst logprob/gap diff %.2e\n",
 		       name, i, c.got[0].n, worst);
@@ -209,14 +210,52 @@ static void batched(const char *dir, const char *name)
 	eo.block_size = 7;        /* odd size: many blocks, boundaries everywhere */
 	eo.max_seqs = 4;
 	eo.n_threads = 2;
+	int idx[MAX_CASES] = { 0 };
 	assert_true(n <= MAX_CASES);
-	run_cases(dir, cases, 0, n, &eo, &c);
+	for (int i = 0; i < n; i++)
+		idx[i] = i;
+	run_cases(dir, cases, idx, n, &eo, &c);
 	for (int i = 0; i < n; i++) {
 		double worst = check_case(name, i, json_array_get(cases, (size_t)i), &c.got[i]);
 		printf("%-24s case %d batched with %d: tokens equal, worst diff %.2e\n", name, i,
 		       n - 1, worst);
 	}
 	json_decref(ref);
+}
+
+/* 16 sequences at once (every case of the fixture, repeated), mixed lengths: each
+ * still equals its reference. Repeats share prompt prefixes through the prefix cache. */
+static void batch16(const char *dir, const char *name)
+{
+	json_t *ref = load_ref(dir), *cases = json_object_get(ref, "cases");
+	int n = (int)json_array_size(cases), idx[16];
+	struct sm70_engine_opts eo;
+	struct collect c;
+	double worst = 0;
+
+	sm70_engine_opts_default(&eo);
+	eo.backend = backend;
+	eo.kv_dtype = kv_dtype;
+	eo.max_seqs = 16;
+	eo.max_batch_tokens = 256;
+	eo.kv_bytes = (size_t)512 << 20;
+	for (int i = 0; i < 16; i++)
+		idx[i] = i % n;
+	run_cases(dir, cases, idx, 16, &eo, &c);
+	for (int i = 0; i < 16; i++) {
+		double w = check_case(name, idx[i], json_array_get(cases, (size_t)idx[i]),
+				      &c.got[i]);
+		if (w > worst)
+			worst = w;
+	}
+	printf("%-24s 16 sequences in one batch (cases 0..%d repeated): all equal the reference, "
+	       "worst diff %.2e\n", name, n - 1, worst);
+	json_decref(ref);
+}
+
+static void test_batch16(void **state)
+{
+	for_each_fixture(batch16);
 }
 
 static void test_alone(void **state)
@@ -245,6 +284,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_alone),
 		cmocka_unit_test(test_batched),
+		cmocka_unit_test(test_batch16),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
