@@ -515,6 +515,9 @@ int main(int argc, char **argv)
 	sm70__info("model %s loaded on %s: vocab %u, context %u, KV cache %llu tokens",
 		   d.model_name, d.cfg.backend, d.vocab_size, d.max_position,
 		   (unsigned long long)d.kv_tokens);
+	if (st.clamped_weights)
+		sm70__notice("%llu weights were beyond the f16 range and were clamped to +-65504",
+			     (unsigned long long)st.clamped_weights);
 
 	code = 1;
 	ret = sm70__loop_create(&d.loop, 256);

@@ -289,6 +289,13 @@ int main(int argc, char **argv)
 		rc = 2;
 		goto out;
 	}
+	{
+		struct sm70_engine_stats st;
+		sm70_engine_get_stats(e, &st);
+		if (st.clamped_weights)
+			fprintf(stderr, "sm70-run: %llu weights were beyond the f16 range and were "
+				"clamped to +-65504\n", (unsigned long long)st.clamped_weights);
+	}
 	r.tokens = malloc(sizeof(int) * (size_t)req.max_new_tokens);
 	r.logprobs = malloc(sizeof(float) * (size_t)req.max_new_tokens);
 	r.tops = json_array();

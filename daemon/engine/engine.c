@@ -367,6 +367,7 @@ void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats
 	s->kv_blocks_free = sm70_block_pool_available(&e->pool);
 	s->prefix_evictions = e->pool.evictions;
 	s->weight_bytes = e->model->arch->weight_bytes(e->model, e->model->arch_state);
+	s->clamped_weights = e->model->clamped_values;
 	s->graph_replays = e->model->graph_replays;
 	s->graph_captures = e->model->graph_captures;
 }

@@ -93,6 +93,7 @@ struct sm70_engine_stats {
 	uint64_t prefix_hit_tokens; /* tokens whose KV the prefix cache supplied */
 	uint64_t prefix_evictions;
 	uint64_t weight_bytes;    /* bytes of weights one decode step reads */
+	uint64_t clamped_weights; /* weights clamped to the f16 range when loaded */
 	uint64_t graph_replays;   /* decode steps replayed as captured graphs */
 	uint64_t graph_captures;
 };
