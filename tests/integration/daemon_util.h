@@ -1,7 +1,8 @@
 /*
  * daemon_util.h - start and stop a real build/bin/sm70d from an integration test.
  *
- * The daemon runs on the CPU backend with a socket, a config file and a log file in a
+ * The daemon runs on the CPU backend (extra arguments come after `--backend cpu`, so a test
+ * may pass `--backend null` and the last one wins) with a socket, a config file and a log file in a
  * fresh mkdtemp directory, so tests never collide with each other or with a system
  * daemon. The binary is $SM70_BUILD/bin/sm70d (SM70_BUILD defaults to "build"). Header-only
  * (static functions) so any test can include it; it uses only libc.
