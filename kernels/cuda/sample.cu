@@ -6,15 +6,22 @@
  * block of the launch is resident at once) and meet at per-row barriers made of two
  * counters in a fixed device scratch. Each block keeps its slice of the row in shared memory
  * when it fits. Nothing sorts the vocabulary:
- *   phase A   each block: slice max/argmax, and its local best L = max(top-N, small top-k)
- *             by a radix count-select over order keys (sampler.c's order_key mapping);
- *             the last block to arrive merges maxima and the P short lists (rank sort).
- *   passes    each block: the raw sum of exp(l - max) (first pass only) and, when a select
- *             is in progress, one radix-digit histogram (count, and mass in double) of the
- *             kept candidates; the last block merges the P histograms, picks the bin where
- *             the running total in sampling order reaches the target, and so walks the 11,
- *             11 and 10 bit digits down to one key, then to one id among equal keys.
- *   top-k <= SM70__SAMPLE_LIST_K is done on the merged list alone (one block, sequential in
+ *   phase A   each block, in one load: slice max/argmax, the raw sum of exp(l - slice max)
+ *             (rescaled to the row max when merged), and its local best L = max(top-N,
+ *             small top-k) in sampling order: a threshold from the threads' own maxima (the
+ *             per-warp ceil(L/16)-th best of them, minimum over warps: at least L elements
+ *             reach it) gathers a few candidates, which are ranked exactly; when the
+ *             threshold lets too many through, a radix count-select over order keys
+ *             (sampler.c's order_key mapping) finds the list instead. The last block to
+ *             arrive merges maxima, sums and the P sorted short lists (rank by binary
+ *             search); greedy and top-k <= LIST_K (64) finish right there, so
+ *             those rows cost one barrier, and the other blocks of such a row do not wait.
+ *   passes    otherwise each block builds one radix-digit histogram (count, and mass in
+ *             double) of the kept candidates; the last block merges the P histograms, picks
+ *             the bin where the running total in sampling order reaches the target, and so
+ *             walks the 11, 11 and 10 bit digits down to one key, then to one id among
+ *             equal keys.
+ *   top-k <= LIST_K is done on the merged list alone (one block, sequential in
  *   double, in the host's orders); larger top-k is a count select, top-p and the draw are
  *   mass selects over what the previous selects kept.
  * Reference path (SM70_SAMPLER=reference): one block per row finds each cut by bisection
@@ -40,6 +47,7 @@
 #define LIST_K 64		/* top-k up to this goes through the merged short list */
 #define MAXP 16			/* blocks per row at most */
 #define MAXB 16			/* rows per launch (the launcher loops over more) */
+#define GCAP NT			/* phase A candidates ranked directly, at most */
 
 enum { ST_DONE = 0, ST_FINISH, ST_TOPK, ST_TOPP, ST_DRAW };
 
@@ -120,6 +128,22 @@ static __device__ __forceinline__ float key_float(uint32_t k)
 static __device__ __forceinline__ bool before(uint32_t ka, int32_t ia, uint32_t kb, int32_t ib)
 {
 	return ka > kb || (ka == kb && ia < ib);
+}
+
+/* One 64-bit word per element whose unsigned order is the sampling order: the order key
+ * above, the complemented id below (equal keys: the lower id is the larger word). */
+static __device__ __forceinline__ uint64_t comp(uint32_t key, int32_t id)
+{
+	return ((uint64_t)key << 32) | (uint32_t)~(uint32_t)id;
+}
+
+static __device__ __forceinline__ struct cand comp_cand(uint64_t c)
+{
+	struct cand o;
+
+	o.key = (uint32_t)(c >> 32);
+	o.id = (int32_t)~(uint32_t)c;
+	return o;
 }
 
 static __device__ __forceinline__ bool upto(uint32_t k, int32_t id, uint32_t ck, int32_t cid)
@@ -426,7 +450,11 @@ static __device__ int resolve_equal(double acc, double w, int c, double target, 
 struct blk_smem {
 	uint32_t cnt[NBINS];
 	double mass[NBINS];
-	struct cand cands[MAXP * LIST_K];
+	uint64_t cands[MAXP * LIST_K];	/* the P part lists, as comp() words, LIST_K apart */
+	uint64_t gbuf[GCAP];		/* phase A candidates */
+	uint64_t lbuf[LIST_K];		/* the radix fallback's list */
+	uint64_t wthr[NWARP];
+	unsigned ng;
 	struct cand sorted[LIST_K];
 	double w[LIST_K];
 	int byid[LIST_K];
@@ -489,26 +517,16 @@ static __device__ void row_wait(struct scratch *sc, int r, unsigned gen)
 	__syncthreads();
 }
 
-/* Local radix count-select: the cut (key, index) of the L-th best element of x[0..n) in
- * sampling order; out the L best indices (unordered) into sm->eq_idx-backed cands. */
-static __device__ void block_local_list(const float *x, int n, int id0, int L,
-					struct blk_smem *sm, struct cand *dst)
+/* Radix count-select fallback for block_top_list: the L best elements of x[0..n) (ids id0 +
+ * i, n > L) in sampling order, unordered, as comp() words into out[0..L). */
+static __device__ void block_local_radix(const float *x, int n, int id0, int L,
+					 struct blk_smem *sm, uint64_t *out)
 {
 	struct sel s = {};
 	double acc = 0.0, target = (double)L;
 	uint32_t key;
 	int g;
 
-	if (n <= L) {
-		for (int i = threadIdx.x; i < n; i += NT) {
-			dst[i].key = order_key(x[i]);
-			dst[i].id = id0 + i;
-		}
-		if (threadIdx.x == 0)
-			sm->nlist = n;
-		__syncthreads();
-		return;
-	}
 	for (s.level = 0; s.level < 3; s.level++) {
 		for (int b = threadIdx.x; b < NBINS; b += NT)
 			sm->cnt[b] = 0;
@@ -541,53 +559,149 @@ static __device__ void block_local_list(const float *x, int n, int id0, int L,
 		if (k > key) {
 			unsigned at = atomicAdd(&sm->ngreater, 1u);
 
-			dst[at].key = k;
-			dst[at].id = id0 + i;
+			out[at] = comp(k, id0 + i);
 		}
 	}
 	block_nth_equal(x, n, key, 0, sm->eq_idx, L - g);
-	for (int j = threadIdx.x; j < L - g; j += NT) {
-		dst[g + j].key = key;
-		dst[g + j].id = id0 + sm->eq_idx[j];
+	for (int j = threadIdx.x; j < L - g; j += NT)
+		out[g + j] = comp(key, id0 + sm->eq_idx[j]);
+	__syncthreads();
+}
+
+/* buf[0..m) distinct comp() words: the best min(m, L) into dst in sampling order. The
+ * caller syncs before (buf complete) and after. */
+static __device__ void rank_out(const uint64_t *buf, int m, int L, struct cand *dst)
+{
+	for (int e = threadIdx.x; e < m; e += NT) {
+		uint64_t v = buf[e];
+		int rank = 0;
+
+		for (int f = 0; f < m; f++)
+			rank += buf[f] > v;
+		if (rank < L)
+			dst[rank] = comp_cand(v);
+	}
+}
+
+/*
+ * The block's L best elements of x[0..n) (ids id0 + i) in sampling order into dst[0..nlist),
+ * nlist = min(n, L) left in sm->nlist. tc is this thread's best element of the load (the
+ * elements i = threadIdx.x mod NT) as a comp() word, 0 when it had none. Each warp's
+ * ceil(L / NWARP)-th best tc is reached by that many distinct elements of the warp, so the
+ * smallest of those over the warps is reached by at least L elements: the ones that reach
+ * it are gathered and ranked. Too many (a pathological layout) goes to the radix select.
+ */
+static __device__ void block_top_list(const float *x, int n, int id0, int L, uint64_t tc,
+				      struct blk_smem *sm, struct cand *dst)
+{
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int per = (L + NWARP - 1) / NWARP;
+	uint64_t v = tc, t = 0, thr;
+	int m;
+
+	if (n <= L) {
+		for (int i = threadIdx.x; i < n; i += NT)
+			sm->gbuf[i] = comp(order_key(x[i]), id0 + i);
+		__syncthreads();
+		rank_out(sm->gbuf, n, L, dst);
+		if (threadIdx.x == 0)
+			sm->nlist = n;
+		__syncthreads();
+		return;
+	}
+	for (int j = 0; j < per; j++) {
+		uint64_t mx = v;
+
+		for (int o = 16; o > 0; o >>= 1) {
+			uint64_t w = __shfl_xor_sync(0xffffffffu, mx, o);
+
+			mx = w > mx ? w : mx;
+		}
+		t = mx;
+		if (v == mx)
+			v = 0;	/* words are distinct: only the holder drops out */
+	}
+	__syncthreads();
+	if (lane == 0)
+		sm->wthr[warp] = t;
+	if (threadIdx.x == 0)
+		sm->ng = 0;
+	__syncthreads();
+	thr = sm->wthr[0];
+	for (int w = 1; w < NWARP; w++)
+		thr = sm->wthr[w] < thr ? sm->wthr[w] : thr;
+	for (int i = threadIdx.x; i < n; i += NT) {
+		uint64_t c = comp(order_key(x[i]), id0 + i);
+
+		if (c >= thr) {
+			unsigned at = atomicAdd(&sm->ng, 1u);
+
+			if (at < GCAP)
+				sm->gbuf[at] = c;
+		}
+	}
+	__syncthreads();
+	m = (int)sm->ng;
+	if (m > GCAP || m < L) {
+		block_local_radix(x, n, id0, L, sm, sm->lbuf);
+		rank_out(sm->lbuf, L, L, dst);
+	} else {
+		rank_out(sm->gbuf, m, L, dst);
 	}
 	if (threadIdx.x == 0)
 		sm->nlist = L;
 	__syncthreads();
 }
 
-/* Merges part lists into sm->sorted[0..min(L, total)) in sampling order (rank sort). */
+/* How many of a[0..n) (descending) are greater than v. */
+static __device__ __forceinline__ int count_greater(const uint64_t *a, int n, uint64_t v)
+{
+	int lo = 0, hi = n;
+
+	while (lo < hi) {
+		int mid = (lo + hi) >> 1;
+
+		if (a[mid] > v)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Merges the P sorted part lists into sm->sorted[0..min(L, total)) in sampling order: an
+ * element's rank is its index in its own list plus, by binary search, the number of larger
+ * elements in each other list (all words are distinct). */
 static __device__ int merge_lists(struct scratch *sc, int r, int P, int L, struct blk_smem *sm)
 {
-	__shared__ int s_n[MAXP], s_off[MAXP + 1];
-	int tot;
+	__shared__ int s_n[MAXP];
+	int tot = 0;
 
 	if (threadIdx.x < P)
 		s_n[threadIdx.x] = __ldcg(&sc->stat[r][threadIdx.x].nlist);
 	__syncthreads();
-	if (threadIdx.x == 0) {
-		s_off[0] = 0;
-		for (int q = 0; q < P; q++)
-			s_off[q + 1] = s_off[q] + s_n[q];
-	}
-	__syncthreads();
-	tot = s_off[P];
 	for (int e = threadIdx.x; e < P * LIST_K; e += NT) {
 		int q = e / LIST_K, j = e % LIST_K;
 
-		if (j < s_n[q]) {
-			sm->cands[s_off[q] + j].key = __ldcg(&sc->plist[r][q][j].key);
-			sm->cands[s_off[q] + j].id = __ldcg(&sc->plist[r][q][j].id);
-		}
+		if (j < s_n[q])
+			sm->cands[e] = comp(__ldcg(&sc->plist[r][q][j].key),
+					    __ldcg(&sc->plist[r][q][j].id));
 	}
 	__syncthreads();
-	for (int e = threadIdx.x; e < tot; e += NT) {
-		struct cand c = sm->cands[e];
-		int rank = 0;
+	for (int q = 0; q < P; q++)
+		tot += s_n[q];
+	for (int e = threadIdx.x; e < P * LIST_K; e += NT) {
+		int q0 = e / LIST_K, j = e % LIST_K, rank = j;
+		uint64_t v;
 
-		for (int f = 0; f < tot; f++)
-			rank += before(sm->cands[f].key, sm->cands[f].id, c.key, c.id);
+		if (j >= s_n[q0])
+			continue;
+		v = sm->cands[e];
+		for (int q = 0; q < P && rank < L; q++)
+			if (q != q0)
+				rank += count_greater(sm->cands + q * LIST_K, s_n[q], v);
 		if (rank < L)
-			sm->sorted[rank] = c;
+			sm->sorted[rank] = comp_cand(v);
 	}
 	__syncthreads();
 	return tot < L ? tot : L;
@@ -687,10 +801,13 @@ sample_kernel(struct sm70_sample_result *out, const float *__restrict__ logits,
 	struct sm70_sample_result *o = out + r;
 	const struct prm p = decode(rows + r, vocab);
 	const int L = max(p.n_top, p.sampling && p.k >= 1 && p.k <= LIST_K ? p.k : 0);
+	/* rows that end at the first barrier: the other blocks need not wait there */
+	const bool one_pass = !p.valid || !p.sampling || (p.k >= 1 && p.k <= LIST_K);
 	unsigned gen = 0;
 	float mv = -INFINITY;
 	int mi = 0x7fffffff, bad = 0;
-	bool first = true;
+	uint64_t tc;
+	double raw = 0.0;
 
 	/* phase A: load, slice max, NaN check, local list; 8 loads in flight per thread */
 	for (int i0 = threadIdx.x; i0 < n; i0 += 8 * NT) {
@@ -716,10 +833,18 @@ sample_kernel(struct sm70_sample_result *out, const float *__restrict__ logits,
 			}
 		}
 	}
+	/* this thread's best element in sampling order (float order with lowest id first is
+	 * the same order, -0 and +0 included) */
+	tc = (int)threadIdx.x < n && mi != 0x7fffffff ? comp(order_key(mv), mi) : 0;
 	bad = block_or(bad);
 	block_argmax(mv, mi);
+	/* raw sum against the slice max; the merge rescales it to the row max */
+	if (!bad && isfinite(mv))
+		for (int i = threadIdx.x; i < n; i += NT)
+			raw += (double)expf((float)((double)x[i] - (double)mv));
+	raw = block_sum_d(raw);
 	if (p.valid && !bad && L > 0)
-		block_local_list(x, n, lo, L, &sm, sc->plist[r][q]);
+		block_top_list(x, n, lo, L, tc, &sm, sc->plist[r][q]);
 	else if (threadIdx.x == 0)
 		sm.nlist = 0;
 	__syncthreads();
@@ -728,6 +853,7 @@ sample_kernel(struct sm70_sample_result *out, const float *__restrict__ logits,
 		sc->stat[r][q].argmax = mi;
 		sc->stat[r][q].bad = bad;
 		sc->stat[r][q].nlist = sm.nlist;
+		sc->stat[r][q].raw = raw;
 	}
 	if (row_arrive(sc, r, P, ++gen, &sm)) {
 		int nl = 0, anybad = 0;
@@ -736,11 +862,13 @@ sample_kernel(struct sm70_sample_result *out, const float *__restrict__ logits,
 
 		__shared__ float s_mv[MAXP];
 		__shared__ int s_am[MAXP], s_bad[MAXP];
+		__shared__ double s_raw[MAXP];
 
 		if (threadIdx.x < P) {
 			s_mv[threadIdx.x] = __ldcg(&sc->stat[r][threadIdx.x].maxv);
 			s_am[threadIdx.x] = __ldcg(&sc->stat[r][threadIdx.x].argmax);
 			s_bad[threadIdx.x] = __ldcg(&sc->stat[r][threadIdx.x].bad);
+			s_raw[threadIdx.x] = __ldcg(&sc->stat[r][threadIdx.x].raw);
 		}
 		__syncthreads();
 		if (threadIdx.x == 0) {
@@ -760,19 +888,45 @@ sample_kernel(struct sm70_sample_result *out, const float *__restrict__ logits,
 			if (!p.valid || anybad || !isfinite(m)) {
 				write_invalid(o);
 				sm.st.stage = ST_DONE;
-			} else if (!p.sampling || (p.k >= 1 && p.k <= LIST_K)) {
-				sm.st.stage = ST_FINISH;
-			} else if (p.k) {
-				next_select(&sm.st, ST_TOPK, 0.0);
-				sm.st.target = (double)p.k;
 			} else {
-				next_select(&sm.st, p.top_p < 1.0f ? ST_TOPP : ST_DRAW,
-					    p.top_p < 1.0f ? (double)p.top_p : p.u);
+				double sum = 0.0;
+
+				for (int i = 0; i < P; i++)
+					if (s_raw[i] > 0.0)
+						sum += s_raw[i] * exp((double)s_mv[i] - (double)m);
+				sm.st.lse = (double)m + log(sum);
+				if (one_pass) {
+					sm.st.stage = ST_FINISH;
+				} else if (p.k) {
+					next_select(&sm.st, ST_TOPK, 0.0);
+					sm.st.target = (double)p.k;
+				} else {
+					next_select(&sm.st, p.top_p < 1.0f ? ST_TOPP : ST_DRAW,
+						    p.top_p < 1.0f ? (double)p.top_p : p.u);
+				}
 			}
 		}
 		__syncthreads();
 		if (sm.st.stage != ST_DONE && L > 0)
 			nl = merge_lists(sc, r, P, L, &sm);
+		if (sm.st.stage == ST_FINISH) {
+			int32_t tok = sm.st.argmax;
+			uint32_t tkey = order_key(sm.st.maxv);
+
+			if (p.sampling) {
+				int j = sample_list(&sm, p.k, p, sm.st.maxv);
+
+				tok = sm.sorted[j].id;
+				tkey = sm.sorted[j].key;
+			}
+			write_result(o, &sm, nl, p, tok, tkey, sm.st.lse);
+		}
+		if (one_pass) {
+			/* every block of the row has arrived and none comes back */
+			if (threadIdx.x == 0)
+				atomicExch(&sc->arr[r], 0u);
+			return;
+		}
 		for (int j = threadIdx.x; j < nl; j += NT)
 			sc->list[r][j] = sm.sorted[j];
 		if (threadIdx.x == 0) {
@@ -780,6 +934,8 @@ sample_kernel(struct sm70_sample_result *out, const float *__restrict__ logits,
 			sc->row[r] = sm.st;
 		}
 		row_release(sc, r, gen);
+	} else if (one_pass) {
+		return;
 	} else {
 		row_wait(sc, r, gen);
 	}
@@ -800,62 +956,35 @@ sample_kernel(struct sm70_sample_result *out, const float *__restrict__ logits,
 		s.p_id = sm.st.p_id;
 		s.maxv = sm.st.maxv;
 		s.t = p.t;
-		if (first) {
-			double raw = 0.0;
-
-			for (int i = threadIdx.x; i < n; i += NT)
-				raw += (double)expf((float)((double)x[i] - (double)s.maxv));
-			raw = block_sum_d(raw);
-			if (threadIdx.x == 0)
-				sc->stat[r][q].raw = raw;
+		for (int b = threadIdx.x; b < NBINS; b += NT) {
+			sm.cnt[b] = 0;
+			sm.mass[b] = 0.0;
 		}
-		if (stage >= ST_TOPK) {
-			for (int b = threadIdx.x; b < NBINS; b += NT) {
-				sm.cnt[b] = 0;
-				sm.mass[b] = 0.0;
-			}
-			__syncthreads();
-			block_hist(x, n, lo, s, sm.cnt, sm.mass);
-			__syncthreads();
-			for (int b = threadIdx.x; b < NBINS; b += NT) {
-				sc->hcnt[r][q][b] = sm.cnt[b];
-				sc->hmass[r][q][b] = sm.mass[b];
-			}
+		__syncthreads();
+		block_hist(x, n, lo, s, sm.cnt, sm.mass);
+		__syncthreads();
+		for (int b = threadIdx.x; b < NBINS; b += NT) {
+			sc->hcnt[r][q][b] = sm.cnt[b];
+			sc->hmass[r][q][b] = sm.mass[b];
 		}
 		if (row_arrive(sc, r, P, ++gen, &sm)) {
 			struct row_state *st = &sm.st;
 
-			__shared__ double s_raw[MAXP];
 			__shared__ int s_hc[MAXP];
 
-			if (first && threadIdx.x < P)
-				s_raw[threadIdx.x] = __ldcg(&sc->stat[r][threadIdx.x].raw);
-			if (stage >= ST_TOPK && s.level == 2)
-				for (int i = threadIdx.x; i < P; i += NT)
-					s_hc[i] = 0;
-			__syncthreads();
-			if (first && threadIdx.x == 0) {
-				double sum = 0.0;
-
-				for (int i = 0; i < P; i++)
-					sum += s_raw[i];
-				st->lse = (double)st->maxv + log(sum);
-			}
-			if (stage >= ST_TOPK) {
-				for (int b = threadIdx.x; b < NBINS; b += NT) {
-					uint32_t c = 0;
-					double m = 0.0;
+			for (int b = threadIdx.x; b < NBINS; b += NT) {
+				uint32_t c = 0;
+				double mm = 0.0;
 
 #pragma unroll
-					for (int i = 0; i < MAXP; i++) {
-						if (i < P) {
-							c += __ldcg(&sc->hcnt[r][i][b]);
-							m += __ldcg(&sc->hmass[r][i][b]);
-						}
+				for (int i = 0; i < MAXP; i++) {
+					if (i < P) {
+						c += __ldcg(&sc->hcnt[r][i][b]);
+						mm += __ldcg(&sc->hmass[r][i][b]);
 					}
-					sm.cnt[b] = c;
-					sm.mass[b] = m;
 				}
+				sm.cnt[b] = c;
+				sm.mass[b] = mm;
 			}
 			if (threadIdx.x == 0)
 				sm.nlist = __ldcg(&sc->nlist[r]);
@@ -864,97 +993,79 @@ sample_kernel(struct sm70_sample_result *out, const float *__restrict__ logits,
 				sm.sorted[j].id = __ldcg(&sc->list[r][j].id);
 			}
 			__syncthreads();
-			if (stage == ST_FINISH) {
-				int32_t tok = st->argmax;
-				uint32_t tkey = order_key(st->maxv);
+			if (threadIdx.x < 32) {
+				double a = st->acc, t = st->target;
+				int b = warp_scan_bins(sm.cnt, sm.mass, s.level == 2 ? 1024 : 2048,
+						       s.mass, &a, &t, st->frac);
 
-				if (p.sampling) {
-					int j = sample_list(&sm, p.k, p, st->maxv);
-
-					tok = sm.sorted[j].id;
-					tkey = sm.sorted[j].key;
+				if (b >= 0) {
+					sm.bin = b;
+					sm.acc = a;
+					sm.target = t;
 				}
-				write_result(o, &sm, sm.nlist, p, tok, tkey, st->lse);
-				if (threadIdx.x == 0)
-					st->stage = ST_DONE;
+			}
+			__syncthreads();
+			if (s.level == 2 && threadIdx.x < P)
+				s_hc[threadIdx.x] = (int)__ldcg(&sc->hcnt[r][threadIdx.x][sm.bin]);
+			__syncthreads();
+			if (s.level < 2) {
+				if (threadIdx.x == 0) {
+					st->prefix |= (uint32_t)sm.bin << shifts[s.level];
+					st->acc = sm.acc;
+					st->target = sm.target;
+					st->level++;
+				}
 			} else {
-				if (threadIdx.x < 32) {
-					double a = st->acc, t = st->target;
-					int b = warp_scan_bins(sm.cnt, sm.mass,
-							       s.level == 2 ? 1024 : 2048, s.mass,
-							       &a, &t, st->frac);
+				/* one key left: find the id among its equal elements */
+				__shared__ int s_q, s_j;
+				uint32_t key = st->prefix | (uint32_t)sm.bin;
+				int idx;
 
-					if (b >= 0) {
-						sm.bin = b;
-						sm.acc = a;
-						sm.target = t;
+				if (threadIdx.x == 0) {
+					double at;
+					int c = (int)sm.cnt[sm.bin];
+					int j = resolve_equal(sm.acc, key_weight(s, key), c,
+							      sm.target, &at);
+					int qq = 0;
+
+					for (; qq < P - 1; qq++) {
+						int cq = s_hc[qq];
+
+						if (j < cq)
+							break;
+						j -= cq;
+					}
+					s_q = qq;
+					s_j = j;
+				}
+				__syncthreads();
+				idx = block_nth_equal(row + s_q * chunk,
+						      min(chunk, vocab - s_q * chunk), key, s_j,
+						      NULL, 0);
+				if (threadIdx.x == 0) {
+					int32_t id = s_q * chunk + (idx < 0 ? 0 : idx);
+
+					if (stage == ST_TOPK) {
+						st->has_k = 1;
+						st->k_key = key;
+						st->k_id = id;
+						next_select(st, p.top_p < 1.0f ? ST_TOPP : ST_DRAW,
+							    p.top_p < 1.0f ? (double)p.top_p : p.u);
+					} else if (stage == ST_TOPP) {
+						st->has_p = 1;
+						st->p_key = key;
+						st->p_id = id;
+						next_select(st, ST_DRAW, p.u);
+					} else {
+						st->argmax = id;	/* the token */
+						st->p_key = key;
+						st->stage = ST_DONE;
 					}
 				}
 				__syncthreads();
-				if (s.level == 2 && threadIdx.x < P)
-					s_hc[threadIdx.x] = (int)__ldcg(&sc->hcnt[r][threadIdx.x][sm.bin]);
-				__syncthreads();
-				if (s.level < 2) {
-					if (threadIdx.x == 0) {
-						st->prefix |= (uint32_t)sm.bin << shifts[s.level];
-						st->acc = sm.acc;
-						st->target = sm.target;
-						st->level++;
-					}
-				} else {
-					/* one key left: find the id among its equal elements */
-					__shared__ int s_q, s_j;
-					uint32_t key = st->prefix | (uint32_t)sm.bin;
-					int idx;
-
-					if (threadIdx.x == 0) {
-						double at;
-						int c = (int)sm.cnt[sm.bin];
-						int j = resolve_equal(sm.acc, key_weight(s, key), c,
-								      sm.target, &at);
-						int qq = 0;
-
-						for (; qq < P - 1; qq++) {
-							int cq = s_hc[qq];
-
-							if (j < cq)
-								break;
-							j -= cq;
-						}
-						s_q = qq;
-						s_j = j;
-					}
-					__syncthreads();
-					idx = block_nth_equal(row + s_q * chunk,
-							      min(chunk, vocab - s_q * chunk), key,
-							      s_j, NULL, 0);
-					if (threadIdx.x == 0) {
-						int32_t id = s_q * chunk + (idx < 0 ? 0 : idx);
-
-						if (stage == ST_TOPK) {
-							st->has_k = 1;
-							st->k_key = key;
-							st->k_id = id;
-							next_select(st, p.top_p < 1.0f ? ST_TOPP :
-									ST_DRAW,
-								    p.top_p < 1.0f ?
-									(double)p.top_p : p.u);
-						} else if (stage == ST_TOPP) {
-							st->has_p = 1;
-							st->p_key = key;
-							st->p_id = id;
-							next_select(st, ST_DRAW, p.u);
-						} else {
-							st->argmax = id;	/* the token */
-							st->p_key = key;
-							st->stage = ST_DONE;
-						}
-					}
-					__syncthreads();
-					if (stage == ST_DRAW)
-						write_result(o, &sm, sm.nlist, p, st->argmax,
-							     st->p_key, st->lse);
-				}
+				if (stage == ST_DRAW)
+					write_result(o, &sm, sm.nlist, p, st->argmax, st->p_key,
+						     st->lse);
 			}
 			__syncthreads();
 			if (threadIdx.x == 0)
@@ -964,7 +1075,6 @@ sample_kernel(struct sm70_sample_result *out, const float *__restrict__ logits,
 			row_wait(sc, r, gen);
 		}
 		load_state(&sm.st, &sc->row[r]);
-		first = false;
 	}
 	/* the last block out resets the row's counters for the next call */
 	if (threadIdx.x == 0) {

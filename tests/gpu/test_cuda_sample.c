@@ -247,6 +247,59 @@ static void test_big_vocab(void **state)
 	report("vocab 248320/65537");
 }
 
+/*
+ * Layouts that defeat the fast path's candidate threshold (built from each thread's best
+ * element of its id stride): 32 consecutive residues mod 512 (one warp's stride when a
+ * block's slice starts at a multiple of 512) hold only low logits, so more than 512
+ * candidates pass and the radix count-select fallback runs; also long runs of ties.
+ */
+static void test_striped(void **state)
+{
+	static const int vocabs[3] = { 2000, 1500, 4099 };
+	struct sm70_sample_row rows[MAX_ROWS];
+	char what[128];
+
+	(void)state;
+	for (int v = 0; v < 3; v++) {
+		const int vocab = vocabs[v];
+		struct sm70_sampler *host;
+		float *logits = malloc((size_t)MAX_ROWS * vocab * sizeof(float));
+
+		assert_non_null(logits);
+		assert_int_equal(sm70_sampler_create(&host, vocab), 0);
+		for (int c = 0; c < 3; c++) {
+			for (int r = 0; r < MAX_ROWS; r++) {
+				const struct setting *st = &settings[(r + c) % N_SETTINGS];
+				float *x = logits + (size_t)r * vocab;
+
+				for (int i = 0; i < vocab; i++) {
+					double u = rnd01();
+
+					if ((i & 511) >= 480)
+						x[i] = (float)(u - 20.0);
+					else if (c == 2)
+						x[i] = (float)(floor(u * 3.0) + 2.0);
+					else
+						x[i] = (float)(u * 8.0 + (i & 1));
+				}
+				rows[r] = (struct sm70_sample_row){
+					.temperature = st->t,
+					.top_k = st->k,
+					.top_p = st->p,
+					.top_logprobs = (r & 1) ? 20 : (r & 2) ? 5 : 0,
+					.seed = rng_next(),
+					.n = rng_next() % 4096,
+				};
+			}
+			snprintf(what, sizeof(what), "vocab %d striped layout %d", vocab, c);
+			compare(host, logits, rows, MAX_ROWS, vocab, what);
+		}
+		sm70_sampler_destroy(host);
+		free(logits);
+	}
+	report("striped layouts (radix fallback)");
+}
+
 /* Rows the host refuses (NaN, +inf, all -inf, bad parameters) come back as token -1. */
 static void test_invalid(void **state)
 {
@@ -329,6 +382,7 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_invalid),
 		cmocka_unit_test(test_small_vocabs),
+		cmocka_unit_test(test_striped),
 		cmocka_unit_test(test_big_vocab),
 	};
 	struct sm70_err err = { { 0 } };
