@@ -498,7 +498,8 @@ static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 /* Publishes the blocks s has filled since the last call under their prefix keys. */
 static void publish_full_blocks(struct sm70_engine *e, struct seq *s)
 {
-	if (!e->pool.caching)
+	/* A benchmark request's skipped prefill left whatever the cache held: never share it. */
+	if (!e->pool.caching || s->req.bench_skip_prefill)
 		return;
 	while ((s->n_keyed + 1) * e->bs <= s->n_cached) {
 		s->key = sm70_block_key_next(s->key, s->toks + s->n_keyed * e->bs, e->bs);
@@ -525,6 +526,12 @@ static void reserve_decode_blocks(struct sm70_engine *e)
 		struct seq *s = e->running[i];
 
 		while (blocks_for(e, s->n_toks) > s->n_blocks) {
+			if (s->n_blocks >= s->cap_blocks) {
+				/* It outgrew what the cache can ever give one sequence: only it
+				 * leaves, and admit() ends it with LENGTH. */
+				preempt(e, i--);
+				break;
+			}
 			if (seq_add_block(e, s) == 0)
 				continue;
 			preempt(e, e->n_running - 1);

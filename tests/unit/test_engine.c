@@ -307,6 +307,33 @@ static void test_prefix_cache(void **state)
 	}
 }
 
+/* A request that outgrows the whole KV cache ends with LENGTH once the cache is full,
+ * having produced every token that fit; the engine is left idle with all blocks free. */
+static void test_outgrows_cache(void **state)
+{
+	struct sm70_engine_opts eo;
+	struct sm70_request r = { .prompt = prompt_a, .n_prompt = 10, .max_new_tokens = 100,
+				  .ignore_eos = 1, .sampling = { .top_p = 1.0f } };
+	struct out o = { 0 };
+	struct sm70_engine_stats st;
+	struct sm70_engine *e;
+
+	make_prompts();
+	sm70_engine_opts_default(&eo);
+	eo.block_size = 8;
+	eo.kv_blocks = 4; /* 32 tokens */
+	e = open_engine(&eo);
+	submit(e, &o, &r);
+	drain(e, &o);
+	sm70_engine_get_stats(e, &st);
+	sm70_engine_close(e);
+	printf("10-token prompt, cache of 32 tokens: %d tokens, finish %d\n", o.n[0],
+	       o.finish[0]);
+	assert_int_equal(o.finish[0], SM70_FINISH_LENGTH);
+	assert_int_equal(o.n[0], 32 - 10 + 1); /* the last one needs no KV slot of its own */
+	assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -316,6 +343,7 @@ int main(void)
 		cmocka_unit_test(test_bad_requests),
 		cmocka_unit_test(test_dummy_deterministic),
 		cmocka_unit_test(test_prefix_cache),
+		cmocka_unit_test(test_outgrows_cache),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
