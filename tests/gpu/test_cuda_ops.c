@@ -682,6 +682,10 @@ static void test_attention(void **state)
 	/* a context that is not a multiple of anything */
 	attention_case(128, 6, 0, 1237, 33);
 	attention_case(64, 2, 1, 17, 3);
+	/* prefill chunks beside split decodes, the chunk's tokens ending in different splits;
+	 * GQA 8 */
+	attention_case(256, 6, 1, 600, 40);
+	attention_case(64, 8, 0, 700, 30);
 	/* long contexts: many splits, both cache dtypes, the decode shape that is benched */
 	attention_case(256, 6, 0, 16384, 0);
 	attention_case(256, 6, 1, 16384, 0);
