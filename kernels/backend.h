@@ -70,6 +70,20 @@ struct sm70_batch {
 	const int32_t *block_tables;
 	int n_out;             /* rows whose logits are wanted */
 	const int32_t *out_rows; /* [n_out] token indices */
+
+	/*
+	 * The batch's shape, for backends with a separate prefill path (the CPU ignores it):
+	 * tokens [0, n_decode) are decodes, one per sequence; the rest form n_chunks prefill
+	 * chunks, chunk c being tokens [chunk_first[c], chunk_first[c] + chunk_len[c]) of one
+	 * sequence at consecutive positions. Host copies are in chunk_first_host /
+	 * chunk_len_host so launchers can size grids without reading device memory.
+	 */
+	int n_decode;
+	int n_chunks;
+	const int32_t *chunk_first;
+	const int32_t *chunk_len;
+	const int32_t *chunk_first_host;
+	const int32_t *chunk_len_host;
 };
 
 /* One row for the device sampler (backend memory). n counts the request's generated

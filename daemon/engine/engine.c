@@ -54,6 +54,7 @@ struct sm70_engine {
 	/* step scratch, sized at open */
 	int32_t *tok_ids, *tok_pos, *tok_seq, *tok_slot, *tables, *out_rows;
 	int32_t *hit_ids;
+	int32_t *chunk_first, *chunk_len;    /* prefill chunks of the step being built */
 	struct sm70_sample_row *rows;        /* device sampling: one per out row */
 	struct sm70_sample_result *results;
 	struct seq **step_seqs;
@@ -188,12 +189,14 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 	e->step_seqs = malloc(sizeof(*e->step_seqs) * (size_t)S);
 	e->hit_ids = malloc(sizeof(int32_t) * (size_t)e->max_blocks);
 	e->rows = malloc(sizeof(*e->rows) * (size_t)S);
+	e->chunk_first = malloc(sizeof(int32_t) * (size_t)S);
+	e->chunk_len = malloc(sizeof(int32_t) * (size_t)S);
 	e->results = malloc(sizeof(*e->results) * (size_t)S);
 	e->step_take = malloc(sizeof(int) * (size_t)S);
 	e->logits = malloc(sizeof(float) * (size_t)S * (size_t)V);
 	if (!e->running || !e->tok_ids || !e->tok_pos || !e->tok_seq || !e->tok_slot ||
 	    !e->out_rows || !e->tables || !e->step_seqs || !e->step_take || !e->logits ||
-	    !e->hit_ids || !e->rows || !e->results) {
+	    !e->hit_ids || !e->rows || !e->results || !e->chunk_first || !e->chunk_len) {
 		ret = -ENOMEM;
 		goto fail;
 	}
@@ -234,6 +237,8 @@ void sm70_engine_close(struct sm70_engine *e)
 	free(e->hit_ids);
 	free(e->rows);
 	free(e->results);
+	free(e->chunk_first);
+	free(e->chunk_len);
 	free(e->step_take);
 	free(e->logits);
 	free(e);
@@ -570,6 +575,7 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		return n_ev;
 
 	/* Decodes first (one token each), then prefill chunks in admission order. */
+	int n_decode = 0, n_chunks = 0;
 	for (int pass = 0; pass < 2; pass++) {
 		for (int i = 0; i < e->n_running && budget > 0; i++) {
 			struct seq *s = e->running[i];
@@ -579,6 +585,12 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 			if ((pass == 0) != (pending == 1))
 				continue;
 			take = pending < budget ? pending : budget;
+			if (pass == 0) {
+				n_decode++;
+			} else {
+				e->chunk_first[n_chunks] = T;
+				e->chunk_len[n_chunks++] = take;
+			}
 			for (int k = 0; k < take; k++) {
 				int pos = s->n_cached + k;
 				e->tok_ids[T] = s->toks[pos];
@@ -621,6 +633,8 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		.tok_ids = e->tok_ids, .tok_pos = e->tok_pos, .tok_seq = e->tok_seq,
 		.tok_slot = e->tok_slot, .block_tables = e->tables,
 		.n_out = n_out, .out_rows = e->out_rows,
+		.n_decode = n_decode, .n_chunks = n_chunks,
+		.chunk_first = e->chunk_first, .chunk_len = e->chunk_len,
 	};
 	if (e->be->ops->sample)
 		ret = sm70_model_forward_sample(e->model, &st, e->rows, e->results);

@@ -13,7 +13,7 @@
 
 /* Offsets (in int32 elements) of the arrays inside the uploaded batch buffer. */
 struct batch_offsets {
-	size_t ids, pos, seq, slot, tables, out, total;
+	size_t ids, pos, seq, slot, tables, out, chunk_first, chunk_len, total;
 };
 
 static int max_blocks_per_seq(const struct sm70_model *m)
@@ -32,7 +32,9 @@ static struct batch_offsets batch_layout(const struct sm70_model *m)
 	o.seq = o.pos + t;
 	o.slot = o.seq + t;
 	o.out = o.slot + t;
-	o.tables = o.out + s;
+	o.chunk_first = o.out + s;
+	o.chunk_len = o.chunk_first + s;
+	o.tables = o.chunk_len + s;
 	o.total = o.tables + s * (size_t)max_blocks_per_seq(m);
 	return o;
 }
@@ -205,6 +207,19 @@ void sm70_model_free(struct sm70_model *m)
 
 static int check_step(const struct sm70_model *m, const struct sm70_step *st)
 {
+	int covered = st->n_decode;
+
+	if (st->n_decode < 0 || st->n_decode > st->n_tokens || st->n_chunks < 0 ||
+	    st->n_chunks > m->opts.max_seqs)
+		return -EINVAL;
+	for (int c = 0; c < st->n_chunks; c++) {
+		if (st->chunk_first[c] != covered || st->chunk_len[c] < 1)
+			return -EINVAL;
+		covered += st->chunk_len[c];
+	}
+	/* decodes and chunks together are every token, in that order */
+	if (covered != st->n_tokens)
+		return -EINVAL;
 	if (st->n_tokens <= 0 || st->n_tokens > m->opts.max_tokens)
 		return -EINVAL;
 	if (st->n_seqs <= 0 || st->n_seqs > m->opts.max_seqs)
@@ -239,6 +254,12 @@ static int run_step(struct sm70_model *m, const struct sm70_step *st)
 			(size_t)st->n_seqs * st->max_blocks * sizeof(int32_t));
 	if (st->n_out)
 		be->ops->upload(be, base + bo.out, st->out_rows, (size_t)st->n_out * sizeof(int32_t));
+	if (st->n_chunks) {
+		be->ops->upload(be, base + bo.chunk_first, st->chunk_first,
+				(size_t)st->n_chunks * sizeof(int32_t));
+		be->ops->upload(be, base + bo.chunk_len, st->chunk_len,
+				(size_t)st->n_chunks * sizeof(int32_t));
+	}
 
 	m->batch = (struct sm70_batch){
 		.n_tokens = st->n_tokens,
@@ -252,6 +273,12 @@ static int run_step(struct sm70_model *m, const struct sm70_step *st)
 		.block_tables = base + bo.tables,
 		.n_out = st->n_out,
 		.out_rows = base + bo.out,
+		.n_decode = st->n_decode,
+		.n_chunks = st->n_chunks,
+		.chunk_first = base + bo.chunk_first,
+		.chunk_len = base + bo.chunk_len,
+		.chunk_first_host = st->chunk_first,
+		.chunk_len_host = st->chunk_len,
 	};
 	m->arch->forward(m, m->arch_state);
 	return 0;
@@ -349,7 +376,7 @@ static int forward_sample_graph(struct sm70_model *m, const struct sm70_step *st
 			.n_tokens = B, .n_seqs = B, .max_blocks = mb, .max_pos = bucket,
 			.tok_ids = base + bo.ids, .tok_pos = base + bo.pos, .tok_seq = base + bo.seq,
 			.tok_slot = base + bo.slot, .block_tables = base + bo.tables,
-			.n_out = B, .out_rows = base + bo.out,
+			.n_out = B, .out_rows = base + bo.out, .n_decode = B,
 		};
 		ret = be->ops->graph_begin(be);
 		if (ret)

@@ -47,6 +47,11 @@ struct sm70_step {
 	const int32_t *block_tables; /* [n_seqs][max_blocks] */
 	int n_out;
 	const int32_t *out_rows;
+	/* decodes first, then prefill chunks: see struct sm70_batch */
+	int n_decode;
+	int n_chunks;
+	const int32_t *chunk_first;
+	const int32_t *chunk_len;
 };
 
 struct sm70_model;
