@@ -4,7 +4,7 @@
  * GEMV baseline.
  *
  * A plain C header (tools are compiled by gcc without SM70_HAVE_CUDA): CUDA builds get the
- * implementation in kernels/cuda/bench.cu, CPU-only builds the stubs in
+ * implementation in kernels/cuda/bench.cu, CPU-only builds the versions in
  * kernels/cuda_absent/bench_absent.c, whose sm70__bench_available() returns 0 and whose
  * other functions return -ENODEV.
  *
