@@ -1,14 +1,16 @@
 /*
  * sm70-bench - the benchmark driver.
  *
- *   sm70-bench bw|gemv|attention|all [--iters N] [--device N]
+ *   sm70-bench bw|gemv|attention|prefill|all [--iters N] [--device N]
  *   sm70-bench decode -m MODEL_DIR ...      end-to-end decode (tools/bench/decode.c)
  *   sm70-bench ipc ...                      the transport alone (tools/bench/ipc.c)
  *
  * The first form: decode-path micro-benchmarks of the CUDA backend: read and copy
  * bandwidth, the matmul op on Qwen3-8B GEMV shapes (with cuBLAS as the baseline in the same
  * run), and the attention op on GQA-6 head_dim-256 shapes at 1K and 16K context, f16 and
- * FP8 KV.
+ * FP8 KV; `prefill` times the attention op on one prompt chunk (512 or 2048 tokens at
+ * contexts up to 8K) on the prefill path and, in the same run, on the decode kernels
+ * alone, in FLOP/s (prefill is compute-bound) and time per token.
  *
  * Every row prints the median time of one op, the bytes it must read over that time, and
  * that as a fraction of the read bandwidth (a plain read kernel) and of the D2D copy
@@ -32,7 +34,7 @@ struct ref_bw {
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: sm70-bench bw|gemv|attention|all [--iters N] [--device N]\n"
+	fprintf(f, "usage: sm70-bench bw|gemv|attention|prefill|all [--iters N] [--device N]\n"
 		   "       sm70-bench decode -m MODEL_DIR [options]   (decode --help)\n"
 		   "       sm70-bench ipc [options]                   (ipc --help)\n");
 }
@@ -154,6 +156,40 @@ static int run_attention(int iters, const struct ref_bw *bw)
 	return 0;
 }
 
+static int run_prefill(int iters)
+{
+	static const int chunks[] = { 512, 2048 }, ctxs[] = { 512, 2048, 8192 };
+
+	printf("\n== attention prefill: one chunk, 24 q heads / 4 KV heads, head_dim 256, paged "
+	       "(16-token blocks, shuffled), median of %d\n", iters);
+	printf("%-30s %10s %9s %8s %12s %9s %9s\n", "case", "us", "TFLOP/s", "us/tok",
+	       "decode-k us", "TFLOP/s", "speedup");
+	for (int fp8 = 0; fp8 < 2; fp8++) {
+		for (int k = 0; k < 2; k++) {
+			for (int c = 0; c < 3; c++) {
+				struct sm70__bench_prefill r;
+				char name[64];
+				int ret;
+
+				if (chunks[k] > ctxs[c])
+					continue;
+				ret = sm70__bench_prefill(24, 4, 256, fp8, chunks[k], ctxs[c],
+							  iters, &r);
+				if (ret) {
+					fprintf(stderr, "sm70-bench: prefill: error %d\n", ret);
+					return ret;
+				}
+				snprintf(name, sizeof(name), "prefill %s chunk%d ctx%d",
+					 fp8 ? "fp8" : "f16", chunks[k], ctxs[c]);
+				printf("%-30s %10.1f %9.1f %8.3f %12.1f %9.1f %8.2fx\n", name, r.us,
+				       r.flops / r.us * 1e-6, r.us / chunks[k], r.us_decode,
+				       r.flops / r.us_decode * 1e-6, r.us_decode / r.us);
+			}
+		}
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *what = NULL;
@@ -174,7 +210,8 @@ int main(int argc, char **argv)
 			usage(stdout);
 			return 0;
 		} else if (!what && (!strcmp(argv[i], "bw") || !strcmp(argv[i], "gemv") ||
-				     !strcmp(argv[i], "attention") || !strcmp(argv[i], "all"))) {
+				     !strcmp(argv[i], "attention") || !strcmp(argv[i], "prefill") ||
+				     !strcmp(argv[i], "all"))) {
 			what = argv[i];
 		} else {
 			usage(stderr);
@@ -204,6 +241,8 @@ int main(int argc, char **argv)
 		ret = run_gemv(iters, &bw);
 	if (!ret && (!strcmp(what, "attention") || !strcmp(what, "all")))
 		ret = run_attention(iters, &bw);
+	if (!ret && (!strcmp(what, "prefill") || !strcmp(what, "all")))
+		ret = run_prefill(iters);
 	sm70__bench_close();
 	return ret ? 1 : 0;
 }

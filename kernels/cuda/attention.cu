@@ -28,8 +28,17 @@
  * and the 2^8 goes into the scale. The NaN code 0x7f (never written by kv_write but for a
  * NaN input) decodes as 480 on the fast path.
  *
- * Non-goals: sliding windows, ALiBi, soft-capping, sinks; prefill-specific tiling over
- * several query tokens (a prefill token is one more (token, KV head) block).
+ * Prefill path (batches with chunks, head_dim 64/128/256, GQA up to 16): the decodes
+ * [0, n_decode) run as above, and one block per (tile of 64 / group consecutive tokens of
+ * a chunk, KV head) takes the tile's tokens times the group's heads as 64 query rows: each
+ * K/V tile of the paged cache is loaded into shared memory once for all of them, S = Q K^T
+ * and O += P V are WMMA products, the online softmax is fp32 with the causal mask by
+ * position. A prompt's context is then read once per tile, not once per token. Blocks find
+ * their chunk by scanning chunk_first / chunk_len, so the grid needs nothing uploaded (the
+ * host sums the tiles from the host copies); prefill steps are never graph-captured.
+ *
+ * Non-goals: sliding windows, ALiBi, soft-capping, sinks; split-KV for prefill (a short
+ * chunk at a long context has few blocks); head_dim 32 or above 256 on the prefill path.
  */
 #include <math.h>
 #include <mma.h>
@@ -744,6 +753,372 @@ static int attn_tc_pick(struct sm70__cuda *c, const struct attn_args &a, int n_t
 	return attn_tc_launch<D, FP8, 64>(c, a, n_tokens, max_pos);
 }
 
+/* ---- prefill path ------------------------------------------------------------------ */
+
+/* Query rows per prefill block: PF_ROWS / group consecutive tokens of one chunk times the
+ * group's heads, row r being token r / group, head r % group (padded with zero rows). */
+#define PF_ROWS 64
+
+/* Byte offsets of the prefill kernel's shared memory: q (PF_ROWS rows), the K and V tiles
+ * (f16, rows padded by 16 bytes), S (fp32), P (f16), then m, l and the position of each
+ * row, and each row's alpha repeated 16 times: an accumulator fragment loaded from that
+ * holds, element for element, the factor of the O fragment's element (no row map held in
+ * registers). S doubles as the per-warp O staging at the end. */
+template <int D, int TP> struct pfl {
+	static constexpr int QS = D + 8; /* halves */
+	static constexpr int SS = TP + 4; /* floats */
+	static constexpr int PS = TP + 8; /* halves */
+	static constexpr size_t q_off = 0;
+	static constexpr size_t k_off = q_off + (size_t)PF_ROWS * QS * 2;
+	static constexpr size_t v_off = k_off + (size_t)TP * QS * 2;
+	static constexpr size_t s_off = v_off + (size_t)TP * QS * 2;
+	static constexpr size_t p_off = s_off + (size_t)PF_ROWS * SS * 4;
+	static constexpr size_t f_off = p_off + (size_t)PF_ROWS * PS * 2;
+	static constexpr size_t a_off = f_off + 3 * PF_ROWS * 4;
+	static constexpr size_t bytes = a_off + (size_t)PF_ROWS * 16 * 4;
+	static_assert(PF_ROWS * SS >= TC_WARPS * 256, "O staging: 16x16 floats a warp");
+	static_assert(TC_WARPS % (PF_ROWS / 16) == 0, "warps per row tile");
+	static_assert((D / 16) % (TC_WARPS / (PF_ROWS / 16)) == 0, "O column tiles per warp");
+};
+
+struct pf_args {
+	__half *out;
+	const __half *q;
+	int q_ld;
+	const void *kc;
+	const void *vc;
+	float k_mul; /* as attn_args */
+	float v_mul;
+	int n_kv;
+	int bs;
+	int max_blocks;
+	const int32_t *tok_pos;
+	const int32_t *tok_seq;
+	const int32_t *block_tables;
+	const int32_t *chunk_first; /* device copies: the kernel finds its chunk there */
+	const int32_t *chunk_len;
+	int n_chunks;
+	int n_heads;
+	int group;
+	int qt;      /* tokens per tile: PF_ROWS / group */
+	int n_tiles; /* sum over chunks of ceil(len / qt) = gridDim.x */
+};
+
+/*
+ * One block of 8 warps per (tile of qt consecutive tokens of one chunk, KV head): the tile's
+ * PF_ROWS query rows (every head of the group for each token) against the sequence's
+ * cache, positions 0..last position of the tile, TP positions a step. S = Q K^T by WMMA
+ * (one or two 16x16 tiles a warp), an online softmax in fp32 by one warp per row with the
+ * causal mask by position (P rounded to f16), then O += P V: warp w owns row tile w % 4
+ * and half of the head_dim column tiles, accumulators in registers, rescaled by a fragment
+ * of the rows' alphas. Blocks are taken last tile first, so the longest (latest
+ * positions) start first.
+ */
+template <int D, bool FP8, int TP>
+static __global__ void __launch_bounds__(TC_THREADS, 2) attn_prefill_kernel(struct pf_args a)
+{
+	using namespace nvcuda;
+	using L = pfl<D, TP>;
+	typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_t;
+	constexpr int QS = L::QS, SS = L::SS, PS = L::PS, M = PF_ROWS;
+	constexpr int RT = M / 16;          /* row tiles */
+	constexpr int CW = TC_WARPS / RT;   /* warps sharing a row tile's O columns */
+	constexpr int NCW = D / 16 / CW;    /* O column tiles a warp */
+	constexpr int EPC = FP8 ? 16 : 8;   /* values per 16-byte load */
+	constexpr int CPR = D / EPC;        /* loads per row */
+	constexpr float LOG2E = 1.4426950408889634f;
+	extern __shared__ __align__(128) unsigned char sm[];
+	__half *q_s = (__half *)(sm + L::q_off);
+	__half *k_s = (__half *)(sm + L::k_off);
+	__half *v_s = (__half *)(sm + L::v_off);
+	float *s_s = (float *)(sm + L::s_off);
+	__half *p_s = (__half *)(sm + L::p_off);
+	float *m_s = (float *)(sm + L::f_off), *l_s = m_s + M;
+	int *qp_s = (int *)(l_s + M);
+	float *al_m = (float *)(sm + L::a_off); /* [M][16] */
+
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int G = a.group, kvh = blockIdx.y;
+	const size_t esz = FP8 ? 1 : 2;
+	int j = a.n_tiles - 1 - (int)blockIdx.x, ch = 0;
+
+	/* this block's chunk and tile within it: a linear scan (at most max_seqs chunks) */
+	for (;; ch++) {
+		const int nt = (a.chunk_len[ch] + a.qt - 1) / a.qt;
+
+		if (j < nt || ch == a.n_chunks - 1)
+			break;
+		j -= nt;
+	}
+	const int tok0 = a.chunk_first[ch] + j * a.qt;
+	const int ntok = min(a.qt, a.chunk_len[ch] - j * a.qt);
+	const int nrows = ntok * G;
+	/* positions in a chunk are consecutive: the last token sees the most */
+	const int kv_end = a.tok_pos[tok0 + ntok - 1] + 1;
+	const int ntiles = (kv_end + TP - 1) / TP;
+	const int32_t *bt = a.block_tables + (size_t)a.tok_seq[tok0] * a.max_blocks;
+	const float kmul = a.k_mul * LOG2E; /* scores in log2 units: exp2f below */
+	const int rt = warp % RT, cw = warp / RT;
+	acc_t acc[NCW];
+
+	for (int i = tid; i < M * (D / 8); i += TC_THREADS) {
+		const int r = i / (D / 8), c8 = i - r * (D / 8);
+		uint4 v = make_uint4(0, 0, 0, 0);
+
+		if (r < nrows) {
+			const int tl = r / G, g = r - tl * G;
+
+			v = __ldg((const uint4 *)(a.q + (size_t)(tok0 + tl) * a.q_ld +
+						  (size_t)(kvh * G + g) * D) + c8);
+		}
+		*(uint4 *)(q_s + r * QS + c8 * 8) = v;
+	}
+	for (int r = tid; r < M; r += TC_THREADS) {
+		m_s[r] = -INFINITY;
+		l_s[r] = 0.0f;
+		/* padding rows (zero q) see every loaded position: finite, never written */
+		qp_s[r] = r < nrows ? a.tok_pos[tok0 + r / G] : kv_end - 1;
+	}
+#pragma unroll
+	for (int ci = 0; ci < NCW; ci++)
+		wmma::fill_fragment(acc[ci], 0.0f);
+
+	for (int t = 0; t < ntiles; t++) {
+		const int t0 = t * TP;
+
+		__syncthreads(); /* the last tile's readers (S, P, V) are done */
+		/* K and V rows of the tile; rows past kv_end are zero so that 0 * garbage never
+		 * reaches P V */
+		for (int idx = tid; idx < TP * CPR; idx += TC_THREADS) {
+			const int r = idx / CPR, col = (idx - r * CPR) * EPC, p = t0 + r;
+			uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
+
+			if (p < kv_end) {
+				const size_t slot = (size_t)bt[p / a.bs] * a.bs + p % a.bs;
+				const size_t off = ((slot * a.n_kv + kvh) * D + col) * esz;
+
+				kx = __ldg((const uint4 *)((const char *)a.kc + off));
+				vx = __ldg((const uint4 *)((const char *)a.vc + off));
+			}
+			if (FP8) {
+				uint4 lo, hi;
+
+				e4m3x16_to_f16_scaled(kx, lo, hi);
+				*(uint4 *)(k_s + r * QS + col) = lo;
+				*(uint4 *)(k_s + r * QS + col + 8) = hi;
+				e4m3x16_to_f16_scaled(vx, lo, hi);
+				*(uint4 *)(v_s + r * QS + col) = lo;
+				*(uint4 *)(v_s + r * QS + col + 8) = hi;
+			} else {
+				*(uint4 *)(k_s + r * QS + col) = kx;
+				*(uint4 *)(v_s + r * QS + col) = vx;
+			}
+		}
+		__syncthreads();
+
+		/* S = Q K^T, one 16x16 tile at a time */
+		for (int i = warp; i < RT * (TP / 16); i += TC_WARPS) {
+			const int srt = i % RT, sct = i / RT;
+			acc_t sf;
+
+			wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+			for (int kk = 0; kk < D / 16; kk++) {
+				wmma::fragment<wmma::matrix_a, 16, 16, 16, __half,
+					       wmma::row_major> qa;
+				wmma::fragment<wmma::matrix_b, 16, 16, 16, __half,
+					       wmma::col_major> kb;
+
+				wmma::load_matrix_sync(qa, q_s + srt * 16 * QS + kk * 16, QS);
+				wmma::load_matrix_sync(kb, k_s + sct * 16 * QS + kk * 16, QS);
+				wmma::mma_sync(sf, qa, kb, sf);
+			}
+			wmma::store_matrix_sync(s_s + srt * 16 * SS + sct * 16, sf, SS,
+						wmma::mem_row_major);
+		}
+		__syncthreads();
+
+		/* online softmax, one warp per row, causal by position */
+		for (int r = warp; r < M; r += TC_WARPS) {
+			const int qp = qp_s[r];
+			float v[TP / 32], mx = -INFINITY, sum = 0.0f;
+
+#pragma unroll
+			for (int jj = 0; jj < TP / 32; jj++) {
+				const int col = lane + 32 * jj;
+
+				v[jj] = t0 + col <= qp ? s_s[r * SS + col] * kmul : -INFINITY;
+				mx = fmaxf(mx, v[jj]);
+			}
+			mx = sm70__warp_max(mx);
+			const float m_old = m_s[r], m_new = fmaxf(m_old, mx);
+			/* a row that has seen nothing yet keeps m = -inf without NaNs */
+			const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+#pragma unroll
+			for (int jj = 0; jj < TP / 32; jj++) {
+				const __half e = __float2half_rn(exp2f(v[jj] - m_use));
+
+				p_s[r * PS + lane + 32 * jj] = e;
+				sum += __half2float(e);
+			}
+			sum = sm70__warp_sum(sum);
+			const float alpha = exp2f(m_old - m_use);
+
+			if (lane < 16)
+				al_m[r * 16 + lane] = alpha;
+			if (lane == 0) {
+				l_s[r] = l_s[r] * alpha + sum;
+				m_s[r] = m_new;
+			}
+		}
+		__syncthreads();
+
+		/* O = O * alpha + P V over this warp's row tile and column tiles */
+		{
+			acc_t af;
+
+			wmma::load_matrix_sync(af, al_m + rt * 256, 16, wmma::mem_row_major);
+#pragma unroll
+			for (int ci = 0; ci < NCW; ci++)
+#pragma unroll
+				for (int e = 0; e < acc_t::num_elements; e++)
+					acc[ci].x[e] *= af.x[e];
+		}
+#pragma unroll
+		for (int ks = 0; ks < TP / 16; ks++) {
+			wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pa;
+
+			wmma::load_matrix_sync(pa, p_s + rt * 16 * PS + ks * 16, PS);
+#pragma unroll
+			for (int ci = 0; ci < NCW; ci++) {
+				const int ct = cw * NCW + ci;
+				wmma::fragment<wmma::matrix_b, 16, 16, 16, __half,
+					       wmma::row_major> vb;
+
+				wmma::load_matrix_sync(vb, v_s + ks * 16 * QS + ct * 16, QS);
+				wmma::mma_sync(acc[ci], pa, vb, acc[ci]);
+			}
+		}
+	}
+
+	/* O out through a 16x16 staging square per warp (in S, free now) */
+	__syncthreads();
+	{
+		float *st = s_s + warp * 256;
+
+#pragma unroll
+		for (int ci = 0; ci < NCW; ci++) {
+			wmma::store_matrix_sync(st, acc[ci], 16, wmma::mem_row_major);
+			__syncwarp();
+			for (int i = lane; i < 256; i += 32) {
+				const int row = rt * 16 + (i >> 4);
+				const int col = (cw * NCW + ci) * 16 + (i & 15);
+
+				if (row < nrows) {
+					const int tl = row / G, h = kvh * G + row - tl * G;
+					const size_t o =
+						((size_t)(tok0 + tl) * a.n_heads + h) * D + col;
+
+					a.out[o] = __float2half_rn(st[i] * a.v_mul / l_s[row]);
+				}
+			}
+			__syncwarp();
+		}
+	}
+}
+
+/* Queues the prefill kernel. -ENOSPC: this device lacks the shared memory. */
+template <int D, bool FP8, int TP>
+static int attn_prefill_launch(struct sm70__cuda *c, const struct pf_args &a)
+{
+	const size_t smem = pfl<D, TP>::bytes;
+
+	if (smem > c->smem_optin)
+		return -ENOSPC;
+	/* every call (cheap, host side): the attribute is per device */
+	if (smem > 48 * 1024 &&
+	    SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
+					    attn_prefill_kernel<D, FP8, TP>,
+					    cudaFuncAttributeMaxDynamicSharedMemorySize,
+					    (int)smem)))
+		return -EIO;
+	attn_prefill_kernel<D, FP8, TP><<<dim3((unsigned)a.n_tiles, (unsigned)a.n_kv), TC_THREADS,
+					  smem, c->stream>>>(a);
+	if (SM70_CUDA_LAUNCHED(&c->be, "attn_prefill_kernel"))
+		return -EIO;
+	return 0;
+}
+
+/* 64-position tiles where they fit beside two blocks' worth of q, else 32 (head_dim 256:
+ * 81 KB a block keeps two blocks on an SM of 228 KB; sm_75's 64 KB takes D <= 128 only). */
+template <int D, bool FP8>
+static int attn_prefill_pick(struct sm70__cuda *c, const struct pf_args &a)
+{
+	if constexpr (D < 256) {
+		if (pfl<D, 64>::bytes <= c->smem_optin)
+			return attn_prefill_launch<D, FP8, 64>(c, a);
+	}
+	return attn_prefill_launch<D, FP8, 32>(c, a);
+}
+
+/*
+ * The chunks of b (tokens [n_decode, n_tokens)) through the prefill kernel. Returns 0,
+ * -EIO (a launch failed; reported), or -ENOSPC when the shape or the batch description is
+ * not one the kernel takes (nothing queued; the caller runs every token the decode way).
+ */
+static int attn_prefill(struct sm70__cuda *c, const struct attn_args &d,
+			const struct sm70_batch *b, int D, int fp8)
+{
+	struct pf_args a;
+	long tiles = 0;
+	int next = b->n_decode;
+
+	if (!b->chunk_first_host || !b->chunk_len_host || !b->chunk_first || !b->chunk_len ||
+	    b->n_decode < 0 || d.group < 1 || d.group > 16)
+		return -ENOSPC;
+	a.qt = PF_ROWS / d.group;
+	for (int i = 0; i < b->n_chunks; i++) {
+		const int len = b->chunk_len_host[i];
+
+		if (b->chunk_first_host[i] != next || len < 1)
+			return -ENOSPC;
+		next += len;
+		tiles += (len + a.qt - 1) / a.qt;
+	}
+	if (next != b->n_tokens || tiles > 0x7fffffffL)
+		return -ENOSPC;
+	a.out = d.out;
+	a.q = d.q;
+	a.q_ld = d.q_ld;
+	a.kc = d.kc;
+	a.vc = d.vc;
+	a.k_mul = d.k_mul;
+	a.v_mul = d.v_mul;
+	a.n_kv = d.n_kv;
+	a.bs = d.bs;
+	a.max_blocks = d.max_blocks;
+	a.tok_pos = d.tok_pos;
+	a.tok_seq = d.tok_seq;
+	a.block_tables = d.block_tables;
+	a.chunk_first = b->chunk_first;
+	a.chunk_len = b->chunk_len;
+	a.n_chunks = b->n_chunks;
+	a.n_heads = d.n_heads;
+	a.group = d.group;
+	a.n_tiles = (int)tiles;
+	switch (D) {
+	case 64:
+		return fp8 ? attn_prefill_pick<64, true>(c, a) : attn_prefill_pick<64, false>(c, a);
+	case 128:
+		return fp8 ? attn_prefill_pick<128, true>(c, a) :
+			     attn_prefill_pick<128, false>(c, a);
+	case 256:
+		return fp8 ? attn_prefill_pick<256, true>(c, a) :
+			     attn_prefill_pick<256, false>(c, a);
+	}
+	return -ENOSPC;
+}
+
 /* SM70_ATTENTION=simt keeps the fp32 SIMT kernel (for comparison); read once. */
 static int attn_want_simt(void)
 {
@@ -772,9 +1147,51 @@ static int attn_dispatch_fp8(struct sm70__cuda *c, const struct attn_args &a, in
 		     attn_launch<D, false>(c, a, n_tokens, max_pos);
 }
 
+/* The decode kernels (tensor-core, else SIMT) over tokens [0, n_tokens) of a; -ENOSPC when
+ * head_dim is none of theirs or the shape does not fit (nothing queued). */
+static int attn_fast(struct sm70__cuda *c, const struct attn_args &a, int D, int fp8,
+		     int n_tokens, int max_pos)
+{
+	switch (D) {
+	case 32:
+		return attn_dispatch_fp8<32>(c, a, fp8, n_tokens, max_pos);
+	case 64:
+		return attn_dispatch_fp8<64>(c, a, fp8, n_tokens, max_pos);
+	case 128:
+		return attn_dispatch_fp8<128>(c, a, fp8, n_tokens, max_pos);
+	case 256:
+		return attn_dispatch_fp8<256>(c, a, fp8, n_tokens, max_pos);
+	}
+	return -ENOSPC;
+}
+
+/* The reference kernel over tokens [0, n_tokens) of b. */
+static void attn_ref_launch(struct sm70_backend *be, struct sm70__cuda *c, void *out,
+			    const void *q, int q_ld, const struct sm70_kv_layer *kv,
+			    const struct sm70_kv_layout *lay, const struct sm70_batch *b,
+			    int n_tokens, int n_heads, float scale)
+{
+	const int D = lay->head_dim;
+
+	if (D > 1024) {
+		sm70__cuda_fail(be, "attention", __FILE__, __LINE__, "head_dim above 1024");
+		return;
+	}
+	attn_ref_kernel<<<n_tokens * n_heads, (D + 31) / 32 * 32, 0, c->stream>>>(
+		(__half *)out, (const __half *)q, q_ld, kv->k, kv->v,
+		lay->dtype == SM70_DTYPE_F8E4M3, kv->k_scale, kv->v_scale, lay->n_kv_heads, D,
+		lay->block_size, b->max_blocks, b->tok_pos, b->tok_seq, b->block_tables, n_heads,
+		scale);
+	SM70_CUDA_LAUNCHED(be, "attn_ref_kernel");
+}
+
 /* See backend.h. out must not overlap q or the cache; n_heads must be a multiple of
  * n_kv_heads; b->max_pos must be at least every tok_pos + 1 (it sizes the split); block
- * tables must hold valid blocks for every position attended to. */
+ * tables must hold valid blocks for every position attended to. With prefill chunks
+ * (b->n_chunks > 0) the decodes [0, n_decode) take the decode kernels and the chunks the
+ * prefill kernel; a batch without chunks (every graph-captured step) is launched exactly
+ * as before there was a prefill path. SM70_ATTENTION=simt or =reference send every token
+ * through those kernels. */
 extern "C" void sm70__cuda_attention(struct sm70_backend *be, void *out, const void *q,
 				     int q_ld, const struct sm70_kv_layer *kv,
 				     const struct sm70_kv_layout *lay, const struct sm70_batch *b,
@@ -813,30 +1230,22 @@ extern "C" void sm70__cuda_attention(struct sm70_backend *be, void *out, const v
 
 	/* The fast kernels read q and the cache 16 bytes at a time. */
 	if (!c->attn_ref && (q_ld % 8) == 0 && ((uintptr_t)q & 15) == 0 && b->max_pos > 0) {
-		switch (D) {
-		case 32:
-			ret = attn_dispatch_fp8<32>(c, a, fp8, b->n_tokens, b->max_pos);
-			break;
-		case 64:
-			ret = attn_dispatch_fp8<64>(c, a, fp8, b->n_tokens, b->max_pos);
-			break;
-		case 128:
-			ret = attn_dispatch_fp8<128>(c, a, fp8, b->n_tokens, b->max_pos);
-			break;
-		case 256:
-			ret = attn_dispatch_fp8<256>(c, a, fp8, b->n_tokens, b->max_pos);
-			break;
+		if (b->n_chunks > 0 && b->n_decode <= b->n_tokens && !attn_want_simt()) {
+			ret = attn_prefill(c, a, b, D, fp8);
+			if (ret == -EIO)
+				return;
+			if (ret == 0) {
+				/* the decodes alone; max_pos still bounds their positions */
+				if (b->n_decode > 0 &&
+				    attn_fast(c, a, D, fp8, b->n_decode, b->max_pos) == -ENOSPC)
+					attn_ref_launch(be, c, out, q, q_ld, kv, lay, b,
+							b->n_decode, n_heads, scale);
+				return;
+			}
 		}
+		ret = attn_fast(c, a, D, fp8, b->n_tokens, b->max_pos);
 		if (ret == 0 || ret == -EIO)
 			return;
 	}
-	if (D > 1024) {
-		sm70__cuda_fail(be, "attention", __FILE__, __LINE__, "head_dim above 1024");
-		return;
-	}
-	attn_ref_kernel<<<b->n_tokens * n_heads, (D + 31) / 32 * 32, 0, c->stream>>>(
-		(__half *)out, (const __half *)q, q_ld, kv->k, kv->v, fp8, kv->k_scale,
-		kv->v_scale, lay->n_kv_heads, D, lay->block_size, b->max_blocks, b->tok_pos,
-		b->tok_seq, b->block_tables, n_heads, scale);
-	SM70_CUDA_LAUNCHED(be, "attn_ref_kernel");
+	attn_ref_launch(be, c, out, q, q_ld, kv, lay, b, b->n_tokens, n_heads, scale);
 }

@@ -499,3 +499,137 @@ out:
 	free(a);
 	return ret;
 }
+
+/* ---- prefill attention ------------------------------------------------------------ */
+
+/* A prefill launch: the batch with its chunk, or (decode_path) the same tokens described
+ * as a batch without chunks, which the backend runs through the decode kernels. */
+struct prefill_ctx {
+	struct attn_ctx *a;
+	int decode_path;
+};
+
+static int launch_prefill(void *vctx, int i)
+{
+	struct prefill_ctx *x = (struct prefill_ctx *)vctx;
+	struct sm70_batch b = x->a->b;
+
+	if (x->decode_path) {
+		b.n_chunks = 0;
+		b.n_decode = 0;
+	}
+	bench.be->ops->attention(bench.be, x->a->out, x->a->q, x->a->q_ld,
+				 &x->a->kv[i % x->a->ncopies], &x->a->lay, &b, x->a->n_heads,
+				 x->a->scale);
+	return bench.c->sticky;
+}
+
+extern "C" int sm70__bench_prefill(int n_heads, int n_kv, int D, int fp8, int chunk, int ctx,
+				   int iters, struct sm70__bench_prefill *out)
+{
+	const int bs = 16, n_blocks = (ctx + bs - 1) / bs;
+	const size_t esz = fp8 ? 1 : 2;
+	const size_t cache = (size_t)n_blocks * bs * n_kv * D * esz;
+	struct attn_ctx *a = (struct attn_ctx *)calloc(1, sizeof(*a));
+	struct prefill_ctx x = { a, 0 };
+	/* ints: pos[chunk], seq[chunk], chunk_first, chunk_len, block table */
+	const size_t n_ints = 2 * (size_t)chunk + 2 + n_blocks;
+	int32_t *h = NULL, *d_ints = NULL;
+	int32_t host_first = 0, host_len = chunk;
+	uint64_t rng = 0x7654321ULL;
+	int ret = 0;
+
+	if (!a)
+		return -ENOMEM;
+	if (chunk < 1 || ctx < chunk) {
+		ret = -EINVAL;
+		goto out;
+	}
+	h = (int32_t *)malloc(n_ints * 4);
+	if (!h) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (int t = 0; t < chunk; t++) {
+		h[t] = ctx - chunk + t;
+		h[chunk + t] = 0;
+	}
+	h[2 * chunk] = 0;
+	h[2 * chunk + 1] = chunk;
+	/* a shuffled block table, as after some churn of the block allocator */
+	for (int i = 0; i < n_blocks; i++)
+		h[2 * chunk + 2 + i] = i;
+	for (int i = n_blocks - 1; i > 0; i--) {
+		int32_t *bt = h + 2 * chunk + 2, j, t;
+
+		rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+		j = (int32_t)((rng >> 33) % (uint64_t)(i + 1));
+		t = bt[i];
+		bt[i] = bt[j];
+		bt[j] = t;
+	}
+	BCHECK(cudaMalloc(&d_ints, n_ints * 4));
+	BCHECK(cudaMemcpy(d_ints, h, n_ints * 4, cudaMemcpyHostToDevice));
+
+	a->lay = (struct sm70_kv_layout){ fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, n_blocks, bs,
+					  n_kv, D };
+	a->b = (struct sm70_batch){ .n_tokens = chunk, .n_seqs = 1, .max_blocks = n_blocks,
+				    .max_pos = ctx, .tok_ids = NULL, .tok_pos = d_ints,
+				    .tok_seq = d_ints + chunk, .tok_slot = NULL,
+				    .block_tables = d_ints + 2 * chunk + 2, .n_out = 0,
+				    .out_rows = NULL, .n_decode = 0, .n_chunks = 1,
+				    .chunk_first = d_ints + 2 * chunk,
+				    .chunk_len = d_ints + 2 * chunk + 1,
+				    .chunk_first_host = &host_first, .chunk_len_host = &host_len };
+	a->n_heads = n_heads;
+	a->q_ld = (n_heads + 2 * n_kv) * D;
+	a->scale = 1.0f / sqrtf((float)D);
+	/* compute-bound: copies only so that the first tiles do not start in L2 */
+	a->ncopies = copies_for(2.0 * (double)cache, 8);
+	for (int i = 0; i < a->ncopies; i++) {
+		a->kv[i].k_scale = 0.05f;
+		a->kv[i].v_scale = 0.04f;
+		BCHECK(cudaMalloc(&a->kv[i].k, cache));
+		BCHECK(cudaMalloc(&a->kv[i].v, cache));
+		if (fp8)
+			ret = fill_e4m3(a->kv[i].k, cache, 31 * i + 1) ||
+			      fill_e4m3(a->kv[i].v, cache, 31 * i + 2);
+		else
+			ret = fill_f16(a->kv[i].k, cache / 2, 31 * i + 1, 1.0f) ||
+			      fill_f16(a->kv[i].v, cache / 2, 31 * i + 2, 1.0f);
+		if (ret) {
+			ret = -EIO;
+			goto out;
+		}
+	}
+	BCHECK(cudaMalloc(&a->q, (size_t)chunk * a->q_ld * 2));
+	BCHECK(cudaMalloc(&a->out, (size_t)chunk * n_heads * D * 2));
+	ret = fill_f16(a->q, (size_t)chunk * a->q_ld, 99, 2.0f);
+	if (ret)
+		goto out;
+	x.decode_path = 0;
+	ret = time_median(launch_prefill, &x, a->ncopies, iters, &out->us);
+	if (ret)
+		goto out;
+	x.decode_path = 1;
+	ret = time_median(launch_prefill, &x, a->ncopies, iters, &out->us_decode);
+	/* token t sees ctx - chunk + t + 1 positions */
+	out->flops = 4.0 * n_heads * D *
+		     ((double)chunk * (ctx - chunk) + (double)chunk * (chunk + 1) / 2.0);
+out:
+	if (a->out)
+		cudaFree(a->out);
+	if (a->q)
+		cudaFree(a->q);
+	for (int i = a->ncopies - 1; i >= 0; i--) {
+		if (a->kv[i].v)
+			cudaFree(a->kv[i].v);
+		if (a->kv[i].k)
+			cudaFree(a->kv[i].k);
+	}
+	if (d_ints)
+		cudaFree(d_ints);
+	free(h);
+	free(a);
+	return ret;
+}

@@ -1,7 +1,7 @@
 /*
  * bench.h - device-side helpers of the sm70-bench tool: a read-bandwidth kernel, timed
- * runs of the CUDA backend's matmul and attention ops on decode shapes, and cuBLAS as the
- * GEMV baseline.
+ * runs of the CUDA backend's matmul and attention ops on decode shapes (and attention on a
+ * prefill chunk), and cuBLAS as the GEMV baseline.
  *
  * A plain C header (tools are compiled by gcc without SM70_HAVE_CUDA): CUDA builds get the
  * implementation in kernels/cuda/bench.cu, CPU-only builds the versions in
@@ -53,5 +53,17 @@ struct sm70__bench_attn {
  * 16-token blocks whose order is shuffled. Returns 0 or -errno. */
 int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int batch, int ctx,
 			  int iters, struct sm70__bench_attn *out);
+
+struct sm70__bench_prefill {
+	double us;        /* the attention op, the chunk on the prefill path */
+	double us_decode; /* the same tokens in a batch without chunks: the decode kernels */
+	double flops;     /* 4 * n_heads * D * (sum over the tokens of their context length) */
+};
+
+/* Prefill attention of one chunk of `chunk` tokens at positions ctx - chunk .. ctx - 1 of
+ * one sequence (ctx >= chunk), shapes and cache as sm70__bench_attention. Returns 0 or
+ * -errno. */
+int sm70__bench_prefill(int n_heads, int n_kv, int D, int fp8, int chunk, int ctx,
+			int iters, struct sm70__bench_prefill *out);
 
 #endif

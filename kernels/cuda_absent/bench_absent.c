@@ -38,3 +38,9 @@ int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int batch, int 
 {
 	return -ENODEV;
 }
+
+int sm70__bench_prefill(int n_heads, int n_kv, int D, int fp8, int chunk, int ctx,
+			int iters, struct sm70__bench_prefill *out)
+{
+	return -ENODEV;
+}

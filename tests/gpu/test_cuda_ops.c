@@ -544,36 +544,56 @@ static void test_kv_write(void **state)
 	}
 }
 
+/* A sequence of an attention batch: len positions cached; chunk 0 means one decode token
+ * at len - 1, chunk > 0 a prefill chunk of that many tokens at positions len - chunk ..
+ * len - 1 (so len - chunk positions were cached before it). */
+struct attn_seq {
+	int len;
+	int chunk;
+};
+
 /*
- * One attention batch: 4 sequences of lengths {1, 37, 300, ctx} in a shuffled block
- * table, all positions' K/V already in the cache (the same bytes on both backends).
- * Tokens: the last position of every sequence (decodes), plus when `chunk` > 0 a prefill
- * chunk of that many tokens ending at seq 2's last position.
+ * One attention batch over seqs[0..n_seqs) in a shuffled block table, all positions' K/V
+ * already in the cache (the same bytes on every backend), laid out as the engine does:
+ * the decodes first (one token each), then the chunks in order, with n_decode, n_chunks
+ * and chunk_first / chunk_len (device and host copies) filled in so that backends with a
+ * prefill path take it. The GPU (fast and reference) is compared with the CPU twin.
  */
-static void attention_case(int D, int group, int fp8, int ctx, int chunk)
+static void attention_batch(int D, int group, int fp8, const struct attn_seq *seqs,
+			    int n_seqs)
 {
-	const int n_kv = 2, n_heads = n_kv * group, bs = 16, n_seqs = 4;
-	const int lens[4] = { 1, 37, 300, ctx };
-	int max_blocks = ((ctx > 300 ? ctx : 300) + bs - 1) / bs;
-	int total_blocks = 0, n_tok = 0, max_pos = 0;
+	const int n_kv = 2, n_heads = n_kv * group, bs = 16;
 	const int q_ld = (n_heads + 2 * n_kv) * D;
 	struct sm70_kv_layout lay = { fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, 0, bs, n_kv, D };
 	struct sm70_kv_layer kl[3] = { { NULL, NULL, 0.011f, 0.009f } };
 	struct sm70_backend *bes[3] = { cpu, gpu, gpu_ref };
-	int32_t *bt, *perm, tok_pos[512], tok_seq[512], tok_slot[512];
+	int max_blocks = 1, total_blocks = 0, n_tok = 0, max_pos = 0, n_decode = 0, n_chunks = 0;
+	int32_t *bt, *perm, *tok_pos, *tok_seq, *tok_slot, *chunk_first, *chunk_len;
 	uint8_t *kbytes, *vbytes;
 	float *q, *out[3];
 	size_t cache_bytes, esz = fp8 ? 1 : 2, row = (size_t)n_kv * D, nq, nout;
-	void *dq[3], *dout[3], *dpos[3], *dseq[3], *dslot[3], *dbt[3];
+	void *dq[3], *dout[3], *dpos[3], *dseq[3], *dslot[3], *dbt[3], *dcf[3], *dcl[3];
 	struct sm70_batch b[3];
-	char what[128];
+	char what[160];
 
-	for (int s = 0; s < n_seqs; s++)
-		total_blocks += (lens[s] + bs - 1) / bs;
+	for (int s = 0; s < n_seqs; s++) {
+		int nb = (seqs[s].len + bs - 1) / bs;
+
+		total_blocks += nb;
+		if (nb > max_blocks)
+			max_blocks = nb;
+		n_tok += seqs[s].chunk > 0 ? seqs[s].chunk : 1;
+	}
 	lay.n_blocks = total_blocks;
+	tok_pos = malloc(n_tok * sizeof(*tok_pos));
+	tok_seq = malloc(n_tok * sizeof(*tok_seq));
+	tok_slot = malloc(n_tok * sizeof(*tok_slot));
+	chunk_first = calloc(n_seqs, sizeof(*chunk_first));
+	chunk_len = calloc(n_seqs, sizeof(*chunk_len));
 	/* A shuffled pool: sequence blocks land anywhere in the cache. */
 	perm = malloc(total_blocks * sizeof(*perm));
 	bt = calloc((size_t)n_seqs * max_blocks, sizeof(*bt));
+	assert_true(tok_pos && tok_seq && tok_slot && chunk_first && chunk_len && perm && bt);
 	for (int i = 0; i < total_blocks; i++)
 		perm[i] = i;
 	for (int i = total_blocks - 1; i > 0; i--) {
@@ -583,17 +603,27 @@ static void attention_case(int D, int group, int fp8, int ctx, int chunk)
 		perm[j] = t;
 	}
 	for (int s = 0, k = 0; s < n_seqs; s++)
-		for (int j = 0; j < (lens[s] + bs - 1) / bs; j++)
+		for (int j = 0; j < (seqs[s].len + bs - 1) / bs; j++)
 			bt[s * max_blocks + j] = perm[k++];
+	/* decodes first, then the chunks */
+	n_tok = 0;
 	for (int s = 0; s < n_seqs; s++) {
-		if (s == 2 && chunk > 0) {
-			for (int p = lens[s] - chunk; p < lens[s] - 1; p++) {
-				tok_seq[n_tok] = s;
-				tok_pos[n_tok++] = p;
-			}
-		}
+		if (seqs[s].chunk > 0)
+			continue;
 		tok_seq[n_tok] = s;
-		tok_pos[n_tok++] = lens[s] - 1;
+		tok_pos[n_tok++] = seqs[s].len - 1;
+	}
+	n_decode = n_tok;
+	for (int s = 0; s < n_seqs; s++) {
+		if (seqs[s].chunk <= 0)
+			continue;
+		assert_true(seqs[s].chunk <= seqs[s].len);
+		chunk_first[n_chunks] = n_tok;
+		chunk_len[n_chunks++] = seqs[s].chunk;
+		for (int p = seqs[s].len - seqs[s].chunk; p < seqs[s].len; p++) {
+			tok_seq[n_tok] = s;
+			tok_pos[n_tok++] = p;
+		}
 	}
 	for (int t = 0; t < n_tok; t++) {
 		int s = tok_seq[t], p = tok_pos[t];
@@ -607,6 +637,7 @@ static void attention_case(int D, int group, int fp8, int ctx, int chunk)
 	cache_bytes = (size_t)total_blocks * bs * row * esz;
 	kbytes = malloc(cache_bytes);
 	vbytes = malloc(cache_bytes);
+	assert_true(kbytes && vbytes);
 	for (size_t i = 0; i < cache_bytes / esz; i++) {
 		float kx = rnd(1.0f), vx = rnd(1.0f);
 
@@ -637,18 +668,24 @@ static void attention_case(int D, int group, int fp8, int ctx, int chunk)
 		dseq[i] = up_bytes(be, tok_seq, n_tok * 4);
 		dslot[i] = up_bytes(be, tok_slot, n_tok * 4);
 		dbt[i] = up_bytes(be, bt, (size_t)n_seqs * max_blocks * 4);
+		dcf[i] = up_bytes(be, chunk_first, (size_t)n_seqs * 4);
+		dcl[i] = up_bytes(be, chunk_len, (size_t)n_seqs * 4);
 		b[i] = (struct sm70_batch){ .n_tokens = n_tok, .n_seqs = n_seqs,
 					    .max_blocks = max_blocks, .max_pos = max_pos,
 					    .tok_ids = NULL, .tok_pos = dpos[i], .tok_seq = dseq[i],
 					    .tok_slot = dslot[i], .block_tables = dbt[i],
-					    .n_out = 0, .out_rows = NULL };
+					    .n_out = 0, .out_rows = NULL, .n_decode = n_decode,
+					    .n_chunks = n_chunks, .chunk_first = dcf[i],
+					    .chunk_len = dcl[i], .chunk_first_host = chunk_first,
+					    .chunk_len_host = chunk_len };
 		be->ops->attention(be, dout[i], dq[i], q_ld, &kl[i], &lay, &b[i], n_heads,
 				   1.0f / sqrtf((float)D));
 		out[i] = fvec(nout);
 		get_act(be, out[i], dout[i], nout);
 	}
-	snprintf(what, sizeof(what), "attention D=%d G=%d %s tokens=%d max_pos=%d vs cpu", D,
-		 group, fp8 ? "fp8" : "f16", n_tok, max_pos);
+	snprintf(what, sizeof(what), "attention D=%d G=%d %s tokens=%d (%d dec, %d chunks) "
+		 "max_pos=%d vs cpu", D, group, fp8 ? "fp8" : "f16", n_tok, n_decode, n_chunks,
+		 max_pos);
 	compare(what, out[1], out[0], nout, TOL_ATTN);
 	snprintf(what, sizeof(what), "attention reference D=%d G=%d %s vs cpu", D, group,
 		 fp8 ? "fp8" : "f16");
@@ -662,9 +699,23 @@ static void attention_case(int D, int group, int fp8, int ctx, int chunk)
 
 		bfree(be, kl[i].k), bfree(be, kl[i].v), bfree(be, dq[i]), bfree(be, dout[i]);
 		bfree(be, dpos[i]), bfree(be, dseq[i]), bfree(be, dslot[i]), bfree(be, dbt[i]);
+		bfree(be, dcf[i]), bfree(be, dcl[i]);
 		free(out[i]);
 	}
 	free(perm), free(bt), free(kbytes), free(vbytes), free(q);
+	free(tok_pos), free(tok_seq), free(tok_slot), free(chunk_first), free(chunk_len);
+}
+
+/*
+ * 4 sequences of lengths {1, 37, 300, ctx}: decodes at the last position of sequences 0,
+ * 1 and 3, and sequence 2 a decode too when chunk is 0, else a prefill chunk of `chunk`
+ * tokens ending at its last position.
+ */
+static void attention_case(int D, int group, int fp8, int ctx, int chunk)
+{
+	const struct attn_seq seqs[4] = { { 1, 0 }, { 37, 0 }, { 300, chunk }, { ctx, 0 } };
+
+	attention_batch(D, group, fp8, seqs, 4);
 }
 
 static void test_attention(void **state)
@@ -676,19 +727,42 @@ static void test_attention(void **state)
 			for (int fp8 = 0; fp8 < 2; fp8++) {
 				/* decodes only: few blocks, long context -> split-KV */
 				attention_case(hds[hi], groups[gi], fp8, 2048, 0);
-				/* a 150-token prefill chunk beside the decodes: no split */
+				/* a 150-token prefill chunk beside the decodes */
 				attention_case(hds[hi], groups[gi], fp8, 1000, 150);
 			}
 	/* a context that is not a multiple of anything */
 	attention_case(128, 6, 0, 1237, 33);
 	attention_case(64, 2, 1, 17, 3);
-	/* prefill chunks beside split decodes, the chunk's tokens ending in different splits;
-	 * GQA 8 */
+	/* prefill chunks beside split decodes; GQA 8 */
 	attention_case(256, 6, 1, 600, 40);
 	attention_case(64, 8, 0, 700, 30);
 	/* long contexts: many splits, both cache dtypes, the decode shape that is benched */
 	attention_case(256, 6, 0, 16384, 0);
 	attention_case(256, 6, 1, 16384, 0);
+}
+
+/* The prefill path: decodes beside chunks of 1, 17, 64, 200, 513 and 100 tokens, fresh
+ * prompts and chunks that start mid-context (300 positions cached, then 100), contexts up
+ * to 2048, over every head_dim and GQA width it takes; then chunks with no decodes, and a
+ * head_dim it does not take (the decode kernels run the chunks). */
+static void test_attention_prefill(void **state)
+{
+	const struct attn_seq mixed[] = { { 1, 0 },     { 700, 0 },     { 50, 1 },
+					  { 17, 17 },   { 130, 64 },    { 2048, 200 },
+					  { 513, 513 }, { 400, 100 },   { 2048, 0 } };
+	const struct attn_seq chunks_only[] = { { 300, 300 }, { 1000, 37 }, { 64, 64 } };
+	const struct attn_seq one_token[] = { { 5, 0 }, { 1, 1 } };
+	const int n_mixed = sizeof(mixed) / sizeof(mixed[0]);
+	const int hds[] = { 64, 128, 256 }, groups[] = { 1, 2, 6, 8 };
+
+	for (int hi = 0; hi < 3; hi++)
+		for (int gi = 0; gi < 4; gi++)
+			for (int fp8 = 0; fp8 < 2; fp8++)
+				attention_batch(hds[hi], groups[gi], fp8, mixed, n_mixed);
+	attention_batch(128, 6, 0, chunks_only, 3);
+	attention_batch(256, 8, 1, chunks_only, 3);
+	attention_batch(64, 1, 0, one_token, 2);
+	attention_batch(32, 6, 0, mixed, n_mixed);
 }
 
 static void test_silu_mul(void **state)
@@ -761,6 +835,7 @@ int main(void)
 		cmocka_unit_test(test_head_norm_rope),
 		cmocka_unit_test(test_kv_write),
 		cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_attention_prefill),
 		cmocka_unit_test(test_silu_mul),
 		cmocka_unit_test(test_gather_rows),
 	};
