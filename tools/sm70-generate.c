@@ -31,14 +31,6 @@ struct run {
 	double t_submit, t_first, t_last;
 };
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -112,7 +104,7 @@ static const char *finish_name(uint32_t reason)
 static int on_token(void *ctx, const struct sm70_event *ev)
 {
 	struct run *r = ctx;
-	double t = now_s();
+	double t = sm70__cli_now_s();
 
 	if (r->n == 0)
 		r->t_first = t;
@@ -344,7 +336,7 @@ int main(int argc, char **argv)
 		rc = ret == -ENOENT || ret == -ECONNREFUSED ? 3 : 1;
 		goto out;
 	}
-	r.t_submit = now_s();
+	r.t_submit = sm70__cli_now_s();
 	ret = sm70_generate(c, &job, on_token, &r, &res);
 	if (!r.json && r.n) {
 		putchar('\n');

@@ -29,14 +29,6 @@ struct run {
 	double t_submit, t_first, t_last;
 };
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -62,7 +54,7 @@ static int die_usage(const char *fmt, const char *arg)
 static void on_event(void *ctx, const struct sm70_event *ev)
 {
 	struct run *r = ctx;
-	double t = now_s();
+	double t = sm70__cli_now_s();
 
 	if (ev->sample.token >= 0) {
 		if (r->n == 0)
@@ -301,7 +293,7 @@ int main(int argc, char **argv)
 	r.tops = json_array();
 	if (!r.tokens || !r.logprobs || !r.tops)
 		goto out;
-	r.t_submit = now_s();
+	r.t_submit = sm70__cli_now_s();
 	ret = sm70_engine_submit(e, &req, &id, &err);
 	if (ret) {
 		fprintf(stderr, "sm70-run: %s\n", err.msg[0] ? err.msg : strerror(-ret));

@@ -15,6 +15,7 @@
  * Non-goals: prefill speed, time to first token (sm70-run's timing covers those).
  */
 #include "tools/bench/bench.h"
+#include "tools/cli/cli.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -37,14 +38,6 @@ static void on_event(void *ctx, const struct sm70_event *ev)
 		c->tokens++;
 	if (ev->finish)
 		c->finished++;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int parse_list(const char *s, int *out, int max)
@@ -108,11 +101,11 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
 			goto out;
 	c.tokens = 0;
-	t0 = now_s();
+	t0 = sm70__cli_now_s();
 	for (int i = 0; i < steps; i++)
 		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
 			goto out;
-	*tps = c.tokens / (now_s() - t0);
+	*tps = c.tokens / (sm70__cli_now_s() - t0);
 	{
 		const struct sm70_model_config *mc = sm70_engine_model_config(e);
 		double kv_tok = 2.0 * mc->n_layers * mc->n_kv_heads * mc->head_dim *

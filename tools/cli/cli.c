@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define SEPARATORS ", \n\t\r"
 
@@ -93,4 +94,12 @@ int sm70__cli_parse_num(const char *s, double lo, double hi, double *out)
 int sm70__cli_parse_int(const char *s, double lo, double hi, double *out)
 {
 	return sm70__cli_parse_num(s, lo, hi, out) || *out != floor(*out) ? -1 : 0;
+}
+
+double sm70__cli_now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }

@@ -22,4 +22,7 @@ int sm70__cli_parse_num(const char *s, double lo, double hi, double *out);
 /* An integer-valued number in [lo, hi] (0), or -1. */
 int sm70__cli_parse_int(const char *s, double lo, double hi, double *out);
 
+/* CLOCK_MONOTONIC in seconds, for the timings the tools print. */
+double sm70__cli_now_s(void);
+
 #endif
