@@ -30,6 +30,7 @@ struct seq {
 	int n_blocks, cap_blocks;
 	int cancelled;
 	int finished;
+	int no_publish;               /* never share its blocks (warm-up, skipped prefill) */
 	int cached_tokens;            /* prompt tokens found in the prefix cache */
 	int n_keyed;                  /* leading full blocks whose prefix key is known */
 	struct sm70_block_key key;    /* key of the prefix of those blocks */
@@ -112,6 +113,8 @@ static int seq_add_block(struct sm70_engine *e, struct seq *s)
 	s->blocks[s->n_blocks++] = b;
 	return 0;
 }
+
+static int warm_up(struct sm70_engine *e);
 
 int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 		     const struct sm70_engine_opts *opts, struct sm70_err *err)
@@ -202,6 +205,16 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 	}
 	e->stats.kv_blocks_total = e->pool.n_blocks;
 	e->next_id = 1;
+	if (e->be->ops->graph_begin) {
+		/* Devices load kernels (ours and cuBLAS's) lazily on first use: pay that here,
+		 * at load, rather than in the first request's time to first token. */
+		ret = warm_up(e);
+		if (ret) {
+			sm70_errf(err, ret, "warm-up step on %s failed: %s", e->be->name,
+				  strerror(-ret));
+			goto fail;
+		}
+	}
 	*out = e;
 	return 0;
 fail:
@@ -493,8 +506,10 @@ static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		e->stats.prefix_hit_tokens += (uint64_t)s->n_cached;
 		for (int i = hits; i < need; i++)
 			seq_add_block(e, s); /* cannot fail: checked above */
-		if (s->req.bench_skip_prefill)
+		if (s->req.bench_skip_prefill) {
 			s->n_cached = s->n_toks - 1;
+			s->no_publish = 1;
+		}
 		e->running[e->n_running++] = s;
 	}
 	return n_ev;
@@ -503,8 +518,9 @@ static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 /* Publishes the blocks s has filled since the last call under their prefix keys. */
 static void publish_full_blocks(struct sm70_engine *e, struct seq *s)
 {
-	/* A benchmark request's skipped prefill left whatever the cache held: never share it. */
-	if (!e->pool.caching || s->req.bench_skip_prefill)
+	/* A skipped prefill left whatever the cache held, and a warm-up prompt is no one's:
+	 * never share those blocks. */
+	if (!e->pool.caching || s->no_publish)
 		return;
 	while ((s->n_keyed + 1) * e->bs <= s->n_cached) {
 		s->key = sm70_block_key_next(s->key, s->toks + s->n_keyed * e->bs, e->bs);
@@ -695,4 +711,45 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		}
 	}
 	return n_ev;
+}
+
+static void ignore_event(void *ctx, const struct sm70_event *ev)
+{
+}
+
+/* Runs one throw-away request through a prefill chunk and a decode step (which also
+ * captures the batch-1 graph), then forgets it: its blocks are never published and the
+ * statistics start from zero. Returns 0 or -errno. */
+static int warm_up(struct sm70_engine *e)
+{
+	int n = e->opts.max_batch_tokens < 256 ? e->opts.max_batch_tokens : 256;
+	struct sm70_request r = { .max_new_tokens = 2, .ignore_eos = 1,
+				  .sampling = { .top_p = 1.0f } };
+	struct sm70_err err = { { 0 } };
+	int32_t *prompt;
+	uint64_t id;
+	int ret;
+
+	if (n > e->model->cfg.max_position - 3)
+		n = e->model->cfg.max_position - 3;
+	if (n < 1 || blocks_for(e, n + 2) > e->pool.n_blocks)
+		return 0; /* too small a cache to bother */
+	prompt = calloc((size_t)n, sizeof(*prompt));
+	if (!prompt)
+		return -ENOMEM;
+	r.prompt = prompt;
+	r.n_prompt = n;
+	ret = sm70_engine_submit(e, &r, &id, &err);
+	free(prompt);
+	if (ret)
+		return ret;
+	e->wait_tail->no_publish = 1;
+	while (sm70_engine_busy(e)) {
+		ret = sm70_engine_step(e, ignore_event, NULL);
+		if (ret < 0)
+			return ret;
+	}
+	e->stats = (struct sm70_engine_stats){ .kv_blocks_total = e->pool.n_blocks };
+	e->next_id = 1;
+	return 0;
 }
