@@ -31,6 +31,25 @@ struct sm70_sample_result {
 	float top_logprobs[SM70_MAX_TOP_LOGPROBS];
 };
 
+/*
+ * What one tensor-parallel rank reports about its slice [id0, id0 + n) of a row of logits,
+ * so that the ranks can sample together without gathering the row
+ * (daemon/engine/sampler_tp.h merges them). Candidates are the slice's first n_cand
+ * entries in sampling order (logit descending, equal logits lowest id first), ids global.
+ */
+#define SM70_SHARD_CANDS 256
+
+struct sm70_shard_summary {
+	float max;          /* largest logit of the slice */
+	int32_t bad;        /* 1 when the slice holds a NaN or +inf (no distribution) */
+	int32_t n_cand;     /* min(SM70_SHARD_CANDS, n) */
+	int32_t reserved;
+	double sum_raw;     /* sum over the slice of exp(l - max) */
+	double sum_temp;    /* sum of exp((l - max) / T), T the row's temperature; 0 if T is 0 */
+	int32_t ids[SM70_SHARD_CANDS];
+	float logits[SM70_SHARD_CANDS];
+};
+
 /* The uniform draw in [0, 1) for the n-th token of a request seeded with seed:
  * u = top 53 bits of mix64(mix64(seed + G) + (n + 1) * G) / 2^53, G = 0x9e3779b97f4a7c15,
  * mix64 the splitmix64 finaliser, arithmetic mod 2^64. Device samplers compute exactly

@@ -93,6 +93,8 @@ static const struct key engine_keys[] = {
 static const struct key fast_keys[] = {
 	CHOICE("matmul", fast_paths.matmul, fast_ref),
 	CHOICE("attention", fast_paths.attention, fast_ref),
+	CHOICE("fused", fast_paths.fused, fast_ref),
+	CHOICE("allreduce", fast_paths.allreduce, fast_ref),
 	END,
 };
 
@@ -109,6 +111,7 @@ static const struct key top_keys[] = {
 	CHOICE("backend", backend, backends),
 	CHOICE("load_format", load_format, load_formats),
 	{ "gpus", K_LIST, AT(gpus), 0, 255, NULL, NULL, AT(n_gpus), SM70__CFG_MAX_GPUS },
+	NUM("tp", K_U32, tp, 1, 4),
 	STR("socket", K_PATH, socket_path),
 	NUM("socket_mode", K_MODE, socket_mode, 0, 07777),
 	IDS("allowed_uids", K_UIDS, allowed_uids, n_allowed_uids),
@@ -143,6 +146,7 @@ void sm70__config_default(struct sm70__config *c)
 	strcpy(c->backend, "cpu");
 	strcpy(c->load_format, "auto");
 	c->gpus[c->n_gpus++] = 0;
+	c->tp = 1;
 	strcpy(c->socket_path, "/run/sm70/sm70d.sock");
 	c->socket_mode = 0660;
 	c->allowed_uids[c->n_allowed_uids++] = 0;
@@ -500,6 +504,11 @@ int sm70__config_check(struct sm70__config *c, struct sm70_err *err)
 				 strerror(errno));
 	if (strcmp(c->backend, "cuda") == 0 && c->n_gpus == 0)
 		return sm70_errf(err, -EINVAL, "gpus: the cuda backend needs at least one GPU");
+	if (strcmp(c->backend, "cuda") == 0 && c->n_gpus < c->tp)
+		return sm70_errf(err, -EINVAL, "tp: %u ranks need %u GPUs in gpus, %u listed",
+				 c->tp, c->tp, c->n_gpus);
+	if (strcmp(c->backend, "null") == 0 && c->tp > 1)
+		return sm70_errf(err, -EINVAL, "tp: the null backend runs one rank only");
 	if (!c->admin_socket_path[0]) {
 		int n = snprintf(c->admin_socket_path, sizeof(c->admin_socket_path), "%s.admin",
 				 c->socket_path);

@@ -29,8 +29,9 @@ struct sm70__config {
 	char model_dir[SM70__CFG_DIR_MAX]; /* "" until the file or --model sets it */
 	char backend[SM70__CFG_WORD];	   /* "cpu" (default), "cuda" or "null" */
 	char load_format[SM70__CFG_WORD];  /* "auto" (default) or "dummy" */
-	uint32_t gpus[SM70__CFG_MAX_GPUS]; /* CUDA device ids; only gpus[0] is used today */
+	uint32_t gpus[SM70__CFG_MAX_GPUS]; /* CUDA device ids, rank order (the first tp used) */
 	uint32_t n_gpus;
+	uint32_t tp;                       /* tensor-parallel ranks, 1..4 (default 1) */
 
 	char socket_path[SM70__CFG_PATH_MAX];
 	uint32_t socket_mode; /* chmod of the socket file (default 0660) */
@@ -76,11 +77,14 @@ struct sm70__config {
 	} engine;
 
 	/* Named switches back to reference kernels ("fast" or "reference"; "" leaves the
-	 * environment alone). Exported as SM70_MATMUL / SM70_ATTENTION before the backend is
-	 * created, which is where the CUDA backend reads them. */
+	 * environment alone). Exported as SM70_MATMUL / SM70_ATTENTION / SM70_FUSED (0 for
+	 * "reference") / SM70_ALLREDUCE (nccl for "reference") before the backends are
+	 * created, which is where they are read. */
 	struct {
 		char matmul[SM70__CFG_WORD];
 		char attention[SM70__CFG_WORD];
+		char fused[SM70__CFG_WORD];
+		char allreduce[SM70__CFG_WORD];
 	} fast_paths;
 
 	struct {

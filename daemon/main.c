@@ -54,7 +54,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: sm70d [--model DIR] [--backend cpu|cuda|null] [--load-format auto|dummy]\n"
 		"             [--socket PATH] [--admin-socket PATH] [--config FILE]\n"
-		"             [--check-config] [--verbose]\n"
+		"             [--tp N] [--gpus ID,ID,...] [--check-config] [--verbose]\n"
 		"Serves the model in DIR to local clients over the sm70 shared-memory protocol.\n"
 		"The configuration is " SM70__CFG_DEFAULT_PATH " (if it exists) or --config FILE;\n"
 		"flags override it. --check-config validates it and exits 0 (good) or 2.\n"
@@ -68,6 +68,8 @@ struct opts {
 	const char *socket;
 	const char *admin_socket;
 	const char *config;
+	const char *gpus;        /* NULL: from the config */
+	int tp;                  /* 0: from the config */
 	int check_config;
 	int verbose;
 };
@@ -76,7 +78,7 @@ struct opts {
 static int parse_args(int argc, char **argv, struct opts *o)
 {
 	enum { O_BACKEND = 256, O_LOAD_FORMAT, O_SOCKET, O_CONFIG, O_ADMIN_SOCKET,
-	       O_CHECK_CONFIG };
+	       O_CHECK_CONFIG, O_TP, O_GPUS };
 	static const struct option lopts[] = {
 		{ "model", required_argument, 0, 'm' },
 		{ "backend", required_argument, 0, O_BACKEND },
@@ -85,6 +87,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "config", required_argument, 0, O_CONFIG },
 		{ "admin-socket", required_argument, 0, O_ADMIN_SOCKET },
 		{ "check-config", no_argument, 0, O_CHECK_CONFIG },
+		{ "tp", required_argument, 0, O_TP },
+		{ "gpus", required_argument, 0, O_GPUS },
 		{ "verbose", no_argument, 0, 'v' },
 		{ "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
@@ -125,6 +129,19 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case O_CHECK_CONFIG:
 			o->check_config = 1;
+			break;
+		case O_TP: {
+			char *end;
+			long v = strtol(optarg, &end, 10);
+			if (*optarg == '\0' || *end || v < 1 || v > 4) {
+				fprintf(stderr, "sm70d: --tp must be 1..4, not '%s'\n", optarg);
+				return -1;
+			}
+			o->tp = (int)v;
+			break;
+		}
+		case O_GPUS:
+			o->gpus = optarg;
 			break;
 		case 'v':
 			o->verbose = 1;
@@ -171,6 +188,32 @@ static int set_path(char *dst, size_t size, const char *src, const char *flag,
 	return 0;
 }
 
+/* --gpus: a comma-separated list of distinct CUDA device ids, rank order. */
+static int parse_gpus(struct sm70__config *c, const char *list, struct sm70_err *err)
+{
+	const char *p = list;
+
+	c->n_gpus = 0;
+	for (;;) {
+		char *end;
+		long v = strtol(p, &end, 10);
+
+		if (end == p || v < 0 || v > 255 || (*end && *end != ','))
+			return sm70_errf(err, -EINVAL, "--gpus: '%s' is not a list of device ids "
+					 "0..255 such as 0,1", list);
+		for (uint32_t i = 0; i < c->n_gpus; i++)
+			if (c->gpus[i] == (uint32_t)v)
+				return sm70_errf(err, -EINVAL, "--gpus: %ld is listed twice", v);
+		if (c->n_gpus == SM70__CFG_MAX_GPUS)
+			return sm70_errf(err, -EINVAL, "--gpus: more than %d ids",
+					 SM70__CFG_MAX_GPUS);
+		c->gpus[c->n_gpus++] = (uint32_t)v;
+		if (!*end)
+			return 0;
+		p = end + 1;
+	}
+}
+
 /* The configuration: defaults, the file (--config, else the default path if it exists),
  * then the flags, then the whole-configuration checks. Returns 0 or -errno with err
  * naming the key or flag. */
@@ -197,6 +240,10 @@ static int configure(struct sm70__config *c, const struct opts *o, const char **
 		snprintf(c->backend, sizeof(c->backend), "%s", o->backend);
 	if (o->load_format)
 		snprintf(c->load_format, sizeof(c->load_format), "%s", o->load_format);
+	if (o->tp)
+		c->tp = (uint32_t)o->tp;
+	if (o->gpus && (ret = parse_gpus(c, o->gpus, err)))
+		return ret;
 	if (o->socket && (ret = set_path(c->socket_path, sizeof(c->socket_path), o->socket,
 					 "--socket", err)))
 		return ret;
@@ -214,6 +261,11 @@ static void export_fast_paths(const struct sm70__config *c)
 		setenv("SM70_MATMUL", c->fast_paths.matmul, 1);
 	if (c->fast_paths.attention[0])
 		setenv("SM70_ATTENTION", c->fast_paths.attention, 1);
+	if (c->fast_paths.fused[0])
+		setenv("SM70_FUSED", strcmp(c->fast_paths.fused, "reference") ? "1" : "0", 1);
+	if (c->fast_paths.allreduce[0])
+		setenv("SM70_ALLREDUCE",
+		       strcmp(c->fast_paths.allreduce, "reference") ? "p2p" : "nccl", 1);
 }
 
 /* Bytes of the *.safetensors files in dir: what the weights will take, near enough. */
@@ -488,7 +540,10 @@ int main(int argc, char **argv)
 	sm70_engine_opts_default(&eo);
 	eo.backend = d.cfg.backend;
 	eo.dummy_weights = strcmp(d.cfg.load_format, "dummy") == 0;
-	eo.cuda_device = (int)d.cfg.gpus[0]; /* one GPU today: the first listed */
+	eo.tp = (int)d.cfg.tp;
+	eo.n_gpus = d.cfg.n_gpus < 4 ? (int)d.cfg.n_gpus : 4;
+	for (int g = 0; g < eo.n_gpus; g++)
+		eo.gpus[g] = (int)d.cfg.gpus[g];
 	eo.kv_dtype = (enum sm70_dtype)parse_kv_dtype(d.cfg.engine.kv_dtype);
 	eo.no_prefix_cache = !d.cfg.engine.prefix_cache;
 	eo.n_threads = (int)d.cfg.engine.n_threads;

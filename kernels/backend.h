@@ -163,6 +163,32 @@ struct sm70_backend_ops {
 	void (*sample)(struct sm70_backend *be, struct sm70_sample_result *out,
 		       const float *logits, const struct sm70_sample_row *rows, int n, int vocab);
 
+	/* Optional (tensor parallelism; NULL: the model gathers whole rows). For each
+	 * r < n: out[r] summarises row r of logits [n, vocab], this rank's slice of the
+	 * vocabulary whose first id is id0, as struct sm70_shard_summary says
+	 * (common/sampling.h); rows[r].temperature is the T of sum_temp. out and rows are
+	 * backend memory. */
+	void (*shard_summary)(struct sm70_backend *be, struct sm70_shard_summary *out,
+			      const float *logits, const struct sm70_sample_row *rows, int n,
+			      int vocab, int id0);
+
+	/* Optional fusion (NULL, or SM70_FUSED=0: the model calls head_norm_rope on q, then
+	 * on k, then kv_write). Row i of qkv (act, rows ld elements apart) holds n_heads q
+	 * heads, then n_kv_heads k heads, then n_kv_heads v heads, head_dim each: q and k
+	 * heads are normed (q_norm / k_norm) and rotated in place exactly as head_norm_rope
+	 * does, then the rotated k and the v of row i go to the cache at slots[i]. */
+	void (*qk_norm_rope_kv)(struct sm70_backend *be, void *qkv, int ld, int n, int n_heads,
+				int n_kv_heads, int head_dim, const float *q_norm,
+				const float *k_norm, float eps, const int32_t *pos, int rot_dim,
+				double theta, const struct sm70_kv_layer *kv,
+				const struct sm70_kv_layout *lay, const int32_t *slots);
+
+	/* Optional fusion (NULL, or SM70_FUSED=0: silu_mul, then matmul): y[n, w->rows] (act)
+	 * = (silu(gate) * up) W^T, where gate_up is act [n, 2 * w->cols] with the gate in the
+	 * first w->cols columns of each row. */
+	void (*silu_matmul)(struct sm70_backend *be, void *y, const void *gate_up,
+			    const struct sm70_weight *w, int n);
+
 	/* Optional graph capture (NULL: not supported). Between graph_begin and graph_end the
 	 * ops called are recorded, not run; graph_end returns a handle that graph_launch
 	 * replays. A replay runs the same ops with the same scalar arguments over the same

@@ -37,6 +37,7 @@ static void usage(FILE *f)
 		"                [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
 		"                [--top-logprobs N] [--json]\n"
 		"  more: [--stop-ids 1,2] [--ignore-eos] [--threads N] [--block-size N]\n"
+		"        [--tp N] [--gpus 0,1,...]\n"
 		"        [--kv-blocks N] [--max-batch-tokens N] [--kv-dtype f32|f16|fp8]\n"
 		"Temperature 0 (the default) is greedy decoding. A prompt file holds token ids\n"
 		"separated by commas or white space.\n");
@@ -98,7 +99,8 @@ static const char *finish_name(enum sm70_finish f)
 int main(int argc, char **argv)
 {
 	enum { O_BACKEND = 256, O_LOAD, O_PIDS, O_PFILE, O_TEMP, O_TOPK, O_TOPP, O_SEED,
-	       O_TOPLP, O_JSON, O_STOP, O_IGNEOS, O_THREADS, O_BS, O_KVB, O_MBT, O_KV16 };
+	       O_TOPLP, O_JSON, O_STOP, O_IGNEOS, O_THREADS, O_BS, O_KVB, O_MBT, O_KV16, O_TP,
+	       O_GPUS };
 	static const struct option lopts[] = {
 		{ "model", required_argument, 0, 'm' },
 		{ "backend", required_argument, 0, O_BACKEND },
@@ -119,6 +121,8 @@ int main(int argc, char **argv)
 		{ "kv-blocks", required_argument, 0, O_KVB },
 		{ "max-batch-tokens", required_argument, 0, O_MBT },
 		{ "kv-dtype", required_argument, 0, O_KV16 },
+		{ "tp", required_argument, 0, O_TP },
+		{ "gpus", required_argument, 0, O_GPUS },
 		{ "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
@@ -238,6 +242,25 @@ int main(int argc, char **argv)
 			else
 				return die_usage("--kv-dtype must be f32, f16 or fp8, not '%s'", optarg);
 			break;
+		case O_TP:
+			if (sm70__cli_parse_int(optarg, 1, 4, &v))
+				return die_usage("--tp wants an integer 1..4, not '%s'", optarg);
+			eo.tp = (int)v;
+			break;
+		case O_GPUS: {
+			int32_t *ids = NULL;
+			long n = sm70__cli_parse_ids(optarg, &ids, &bad);
+			if (n < 1 || n > 4) {
+				free(ids);
+				return die_usage("--gpus wants 1 to 4 device ids such as 0,1, not '%s'",
+						 optarg);
+			}
+			for (long g = 0; g < n; g++)
+				eo.gpus[g] = ids[g];
+			eo.n_gpus = (int)n;
+			free(ids);
+			break;
+		}
 		case 'h':
 			usage(stdout);
 			return 0;

@@ -16,7 +16,9 @@
 #include "daemon/engine/block_pool.h"
 #include "daemon/engine/checkpoint.h"
 #include "daemon/engine/model.h"
+#include "daemon/engine/sampler_tp.h"
 #include "kernels/backend.h"
+#include "kernels/comm.h"
 
 struct seq {
 	uint64_t id;
@@ -39,7 +41,10 @@ struct seq {
 
 struct sm70_engine {
 	struct sm70_engine_opts opts;
-	struct sm70_backend *be;
+	struct sm70_backend *be;         /* rank 0's */
+	struct sm70_backend *ranks[SM70_MAX_TP]; /* distinct backends own; repeats borrow */
+	int n_owned;                     /* ranks[0..n_owned) are destroyed at close */
+	struct sm70_comm *comm;
 	struct sm70_ckpt *ck;
 	struct sm70_model *model;
 	struct sm70_sampler *sampler;
@@ -58,6 +63,7 @@ struct sm70_engine {
 	int32_t *chunk_first, *chunk_len;    /* prefill chunks of the step being built */
 	struct sm70_sample_row *rows;        /* device sampling: one per out row */
 	struct sm70_sample_result *results;
+	struct sm70_shard_summary *shards;   /* several ranks: [S * tp] */
 	struct seq **step_seqs;
 	int *step_take;
 	float *logits;
@@ -70,6 +76,7 @@ void sm70_engine_opts_default(struct sm70_engine_opts *o)
 {
 	memset(o, 0, sizeof(*o));
 	o->backend = "cpu";
+	o->tp = 1;
 	o->max_seqs = 16;
 	o->max_batch_tokens = 512;
 	o->block_size = 16;
@@ -116,6 +123,58 @@ static int seq_add_block(struct sm70_engine *e, struct seq *s)
 
 static int warm_up(struct sm70_engine *e);
 
+/*
+ * Makes the ranks' backends and, with several ranks, their communicator. CUDA ranks get
+ * a GPU each (opts.gpus, default 0, 1, ...); CPU ranks share one backend, which simulates
+ * every rank in turn (what CI runs the sharded model on).
+ */
+static int open_backends(struct sm70_engine *e, struct sm70_err *err)
+{
+	const struct sm70_engine_opts *o = &e->opts;
+	const char *name = o->backend ? o->backend : "cpu";
+	int tp = o->tp, ret = 0;
+
+	if (tp < 1 || tp > SM70_MAX_TP)
+		return sm70_errf(err, -EINVAL, "tp %d out of range 1..%d", tp, SM70_MAX_TP);
+	if (o->n_gpus && o->n_gpus < tp)
+		return sm70_errf(err, -EINVAL, "tp %d needs %d GPUs but %d %s listed", tp, tp,
+				 o->n_gpus, o->n_gpus == 1 ? "is" : "are");
+	if (strcmp(name, "cuda") == 0) {
+		for (int r = 0; r < tp && !ret; r++) {
+			int dev = o->n_gpus ? o->gpus[r] : r;
+			for (int q = 0; q < r; q++)
+				if ((o->n_gpus ? o->gpus[q] : q) == dev)
+					return sm70_errf(err, -EINVAL, "GPU %d is listed for two "
+							 "ranks", dev);
+			ret = sm70_backend_cuda_create(&e->ranks[r], dev, err);
+			if (!ret)
+				e->n_owned = r + 1;
+		}
+	} else if (strcmp(name, "cpu") == 0 || strcmp(name, "null") == 0) {
+		if (name[0] == 'c')
+			ret = sm70_backend_cpu_create(&e->ranks[0], o->n_threads, err);
+		else if (tp > 1)
+			ret = sm70_errf(err, -EINVAL, "the null backend runs one rank only");
+		else
+			ret = sm70_backend_null_create(&e->ranks[0], err);
+		if (!ret) {
+			e->n_owned = 1;
+			for (int r = 1; r < tp; r++)
+				e->ranks[r] = e->ranks[0];
+		}
+	} else {
+		ret = sm70_errf(err, -EINVAL, "unknown backend '%s' (expected cpu or cuda)", name);
+	}
+	if (ret)
+		return ret;
+	e->be = e->ranks[0];
+	if (tp == 1)
+		return 0;
+	if (strcmp(name, "cuda") == 0)
+		return sm70_comm_nccl_create(&e->comm, e->ranks, tp, err);
+	return sm70_comm_cpu_create(&e->comm, e->ranks, tp, err);
+}
+
 int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 		     const struct sm70_engine_opts *opts, struct sm70_err *err)
 {
@@ -130,15 +189,7 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 	e->opts = *opts;
 	e->bs = opts->block_size;
 
-	if (!opts->backend || strcmp(opts->backend, "cpu") == 0)
-		ret = sm70_backend_cpu_create(&e->be, opts->n_threads, err);
-	else if (strcmp(opts->backend, "cuda") == 0)
-		ret = sm70_backend_cuda_create(&e->be, opts->cuda_device, err);
-	else if (strcmp(opts->backend, "null") == 0)
-		ret = sm70_backend_null_create(&e->be, err);
-	else
-		ret = sm70_errf(err, -EINVAL, "unknown backend '%s' (expected cpu or cuda)",
-				opts->backend);
+	ret = open_backends(e, err);
 	if (ret)
 		goto fail;
 
@@ -166,7 +217,7 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 		.dummy = opts->dummy_weights,
 		.dummy_seed = opts->dummy_seed,
 	};
-	ret = sm70_model_load(&e->model, e->ck, e->be, &mo, err);
+	ret = sm70_model_load_tp(&e->model, e->ck, e->ranks, e->opts.tp, e->comm, &mo, err);
 	if (ret)
 		goto fail;
 
@@ -195,11 +246,14 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 	e->chunk_first = malloc(sizeof(int32_t) * (size_t)S);
 	e->chunk_len = malloc(sizeof(int32_t) * (size_t)S);
 	e->results = malloc(sizeof(*e->results) * (size_t)S);
+	if (e->opts.tp > 1)
+		e->shards = malloc(sizeof(*e->shards) * (size_t)S * (size_t)e->opts.tp);
 	e->step_take = malloc(sizeof(int) * (size_t)S);
 	e->logits = malloc(sizeof(float) * (size_t)S * (size_t)V);
 	if (!e->running || !e->tok_ids || !e->tok_pos || !e->tok_seq || !e->tok_slot ||
 	    !e->out_rows || !e->tables || !e->step_seqs || !e->step_take || !e->logits ||
-	    !e->hit_ids || !e->rows || !e->results || !e->chunk_first || !e->chunk_len) {
+	    !e->hit_ids || !e->rows || !e->results || !e->chunk_first || !e->chunk_len ||
+	    (e->opts.tp > 1 && !e->shards)) {
 		ret = -ENOMEM;
 		goto fail;
 	}
@@ -238,7 +292,10 @@ void sm70_engine_close(struct sm70_engine *e)
 	sm70_sampler_destroy(e->sampler);
 	sm70_model_free(e->model);
 	sm70_ckpt_close(e->ck);
-	sm70_backend_destroy(e->be);
+	sm70_comm_destroy(e->comm);
+	for (int r = 0; r < e->n_owned; r++)
+		sm70_backend_destroy(e->ranks[r]);
+	free(e->shards);
 	free(e->running);
 	free(e->tok_ids);
 	free(e->tok_pos);
@@ -384,10 +441,34 @@ void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats
 	s->waiting = e->n_waiting;
 	s->kv_blocks_free = sm70_block_pool_available(&e->pool);
 	s->prefix_evictions = e->pool.evictions;
-	s->weight_bytes = e->model->arch->weight_bytes(e->model, e->model->arch_state);
+	s->weight_bytes = sm70_model_weight_bytes(e->model);
+	s->tp = e->model->tp;
 	s->clamped_weights = e->model->clamped_values;
 	s->graph_replays = e->model->graph_replays;
 	s->graph_captures = e->model->graph_captures;
+}
+
+/*
+ * Samples out row o of a step run over several ranks from the ranks' summaries; when they
+ * cannot decide (sampler_tp.h), from the row gathered whole. Returns 0 or -errno.
+ */
+static int sample_sharded(struct sm70_engine *e, int o, const struct seq *s,
+			  struct sm70_sample_result *res)
+{
+	const struct sm70_shard_summary *sh[SM70_MAX_TP];
+	int tp = e->model->tp, ret;
+
+	for (int r = 0; r < tp; r++)
+		sh[r] = &e->shards[(size_t)o * tp + r];
+	ret = sm70_sample_shards(sh, tp, e->model->cfg.vocab_size, &s->req.sampling,
+				 (uint64_t)s->n_gen, res);
+	if (ret != -ERANGE)
+		return ret;
+	e->stats.shard_fallbacks++;
+	ret = sm70_model_row_logits(e->model, o, e->logits);
+	if (ret)
+		return ret;
+	return sm70_sample(e->sampler, e->logits, &s->req.sampling, (uint64_t)s->n_gen, res);
 }
 
 static void emit_final(struct sm70_engine *e, struct seq *s, enum sm70_finish f,
@@ -652,7 +733,9 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		.n_decode = n_decode, .n_chunks = n_chunks,
 		.chunk_first = e->chunk_first, .chunk_len = e->chunk_len,
 	};
-	if (e->be->ops->sample)
+	if (e->model->rank[0].shards)
+		ret = sm70_model_forward_shards(e->model, &st, e->rows, e->shards);
+	else if (e->model->rank[0].sample_out)
 		ret = sm70_model_forward_sample(e->model, &st, e->rows, e->results);
 	else
 		ret = sm70_model_forward(e->model, &st, e->logits);
@@ -671,7 +754,9 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		publish_full_blocks(e, s);
 		if (s->n_cached < s->n_toks)
 			continue; /* mid-prefill: no token yet */
-		if (e->be->ops->sample) {
+		if (e->model->rank[0].shards) {
+			ret = sample_sharded(e, o, s, &ev.sample);
+		} else if (e->model->rank[0].sample_out) {
 			ev.sample = e->results[o];
 			ret = ev.sample.token >= 0 && ev.sample.token < c->vocab_size ? 0 : -EINVAL;
 		} else {

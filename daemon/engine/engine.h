@@ -42,7 +42,9 @@ struct sm70_engine_opts {
 	int dummy_weights;        /* --load-format dummy */
 	uint64_t dummy_seed;
 	int n_threads;            /* CPU backend workers; 0: all cores */
-	int cuda_device;
+	int tp;                   /* tensor-parallel ranks, 1..SM70_MAX_TP (default 1) */
+	int gpus[4];              /* CUDA device of each rank (default 0, 1, ...) */
+	int n_gpus;               /* entries of gpus given; 0: the default */
 	int max_seqs;             /* running sequences at once (default 16) */
 	int max_batch_tokens;     /* tokens per step: decodes + prefill chunks (default 512) */
 	int block_size;           /* KV tokens per block (default 16) */
@@ -96,6 +98,8 @@ struct sm70_engine_stats {
 	uint64_t clamped_weights; /* weights clamped to the f16 range when loaded */
 	uint64_t graph_replays;   /* decode steps replayed as captured graphs */
 	uint64_t graph_captures;
+	uint64_t shard_fallbacks; /* sharded rows sampled from the gathered row (sampler_tp.h) */
+	int tp;
 };
 
 struct sm70_engine;

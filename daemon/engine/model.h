@@ -21,6 +21,7 @@
 #include "daemon/engine/checkpoint.h"
 #include "daemon/engine/model_config.h"
 #include "kernels/backend.h"
+#include "kernels/comm.h"
 
 struct sm70_model_opts {
 	int max_tokens;       /* most tokens one step may carry (prefill chunks + decodes) */
@@ -56,85 +57,137 @@ struct sm70_step {
 
 struct sm70_model;
 
+/*
+ * One tensor-parallel rank: a backend and this rank's share of the model. With tp ranks
+ * rank r holds query heads [q_head0, q_head0 + q_heads), the KV heads they read, rows
+ * [r * inter, (r+1) * inter) of gate and up (and those columns of down), and vocabulary
+ * rows [vocab0, vocab0 + vocab_n) of the LM head; norms and the embedding are replicated.
+ * With one rank it is the whole model.
+ */
+struct sm70_model_rank {
+	struct sm70_backend *be;
+	void *arch_state;
+	struct sm70_kv_layer *kv;  /* [n_layers] */
+	struct sm70_batch batch;   /* device copy of the current step */
+	void *batch_buf;           /* backend memory holding the batch arrays */
+	void *work;                /* forward workspace */
+	float *logits;             /* backend memory [max_seqs, vocab_n] */
+	struct sm70_sample_row *sample_rows;    /* [max_seqs], when sampling on the device */
+	struct sm70_sample_result *sample_out;  /* one rank with a device sampler */
+	struct sm70_shard_summary *shards;      /* several ranks: [max_seqs] */
+	int q_head0, q_heads, kv_head0, kv_heads, inter, vocab0, vocab_n;
+};
+
 struct sm70_arch_ops {
 	const char *name;
-	/* Allocates and fills the architecture's weights (arch-private state in *state). */
-	int (*load)(struct sm70_model *m, const struct sm70_ckpt *ck, void **state,
+	/* Checks that the architecture can be split over m->tp ranks (err says why not). */
+	int (*check_tp)(const struct sm70_model *m, struct sm70_err *err);
+	/* Allocates and fills rank r's share of the weights (arch-private state in *state). */
+	int (*load)(struct sm70_model *m, int r, const struct sm70_ckpt *ck, void **state,
 		    struct sm70_err *err);
-	void (*unload)(struct sm70_model *m, void *state);
-	/* Bytes of workspace one step of max_tokens tokens and max_seqs sequences needs. */
-	size_t (*workspace_bytes)(const struct sm70_model *m);
-	/* Runs the step already uploaded to m->batch; writes f32 logits [n_out, vocab] to
-	 * m->logits (backend memory). */
-	void (*forward)(struct sm70_model *m, void *state);
-	/* Bytes of weights, for roofline figures. */
-	size_t (*weight_bytes)(const struct sm70_model *m, void *state);
+	void (*unload)(struct sm70_model *m, int r, void *state);
+	/* Bytes of workspace one step of max_tokens tokens and max_seqs sequences needs on
+	 * rank r. */
+	size_t (*workspace_bytes)(const struct sm70_model *m, int r);
+	/* Runs the step already uploaded to every rank's batch; writes f32 logits
+	 * [n_out, vocab_n] to each rank's logits (backend memory). */
+	void (*forward)(struct sm70_model *m);
+	/* Bytes of weights one decode step reads on rank r, for roofline figures. */
+	size_t (*weight_bytes)(const struct sm70_model *m, int r);
 };
 
 struct sm70_model {
 	struct sm70_model_config cfg;
 	struct sm70_model_opts opts;
-	struct sm70_backend *be;
 	const struct sm70_arch_ops *arch;
-	void *arch_state;
-
-	struct sm70_kv_layout kv_lay;
-	struct sm70_kv_layer *kv; /* [n_layers] */
-
-	struct sm70_batch batch;  /* device copy of the current step */
-	void *batch_buf;          /* backend memory holding the batch arrays */
-	void *work;               /* forward workspace */
-	float *logits;            /* backend memory [max_seqs, vocab] */
-	struct sm70_sample_row *sample_rows;     /* backend memory [max_seqs], when the */
-	struct sm70_sample_result *sample_out;   /* backend samples on the device */
-	uint64_t clamped_values;  /* weights clamped to the f16 range while loading */
+	int tp;                    /* ranks */
+	struct sm70_comm *comm;    /* NULL with one rank */
+	struct sm70_model_rank rank[SM70_MAX_TP];
+	struct sm70_kv_layout kv_lay; /* every rank's (n_kv_heads is per rank) */
+	int fused;                 /* use the backend's fused ops (unless SM70_FUSED=0) */
+	uint64_t clamped_values;   /* weights clamped to the f16 range while loading */
 
 	/* Decode-only steps replayed as captured graphs (backends with graph ops, unless
-	 * SM70_GRAPHS=0): one per (padded batch, context bucket), made on first use. Padding
-	 * rows write their K/V into a scratch block past the pool (id kv_lay.n_blocks). */
+	 * SM70_GRAPHS=0): one per (padded batch, context bucket), made on first use, one
+	 * executable per rank. Padding rows write their K/V into a scratch block past the
+	 * pool (id kv_lay.n_blocks). */
 	int graphs_on;
 	int n_graphs;
 	struct sm70_graph {
 		int batch;
 		int bucket;
-		void *exec;
+		void *exec[SM70_MAX_TP];
 	} graphs[128];
 	uint64_t graph_replays, graph_captures;
 	int32_t *pad_host;        /* host staging for a padded step */
 };
 
-/* Loads a model from an open checkpoint onto be. Returns 0 or -errno with err set. */
+/* Loads a model from an open checkpoint onto be (one rank). Returns 0 or -errno with err
+ * set. */
 int sm70_model_load(struct sm70_model **out, const struct sm70_ckpt *ck,
 		    struct sm70_backend *be, const struct sm70_model_opts *opts,
 		    struct sm70_err *err);
+
+/* Loads a model split over tp ranks (tensor parallelism): rank r on be[r] (entries may
+ * repeat for CPU ranks that simulate several), collectives through comm (NULL when tp is
+ * 1). The backends and comm must outlive the model. */
+int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
+		       struct sm70_backend *const be[], int tp, struct sm70_comm *comm,
+		       const struct sm70_model_opts *opts, struct sm70_err *err);
 void sm70_model_free(struct sm70_model *m);
 
-/* Runs one step and copies the logits of st->out_rows to host_logits [n_out, vocab].
- * Returns 0 or -errno (-EINVAL when the step exceeds the sizes given at load). */
+/* Runs one step and copies the logits of st->out_rows to host_logits [n_out, vocab]
+ * (gathered from every rank). Returns 0 or -errno (-EINVAL when the step exceeds the
+ * sizes given at load). */
 int sm70_model_forward(struct sm70_model *m, const struct sm70_step *st, float *host_logits);
 
-/* Runs one step and samples on the device (only when m->be->ops->sample exists): row i
+/* Runs one step and samples on the device (one rank whose backend has `sample`): row i
  * of rows (host) goes with out_rows[i]; out (host) receives n_out results. Returns 0 or
  * -errno. */
 int sm70_model_forward_sample(struct sm70_model *m, const struct sm70_step *st,
 			      const struct sm70_sample_row *rows, struct sm70_sample_result *out);
 
+/* Runs one step and summarises each out row's logits on every rank (several ranks whose
+ * backends have `shard_summary`): out[i * tp + r] is rank r's summary of row i. The
+ * logits stay on the ranks until the next step, for sm70_model_row_logits. Returns 0 or
+ * -errno. */
+int sm70_model_forward_shards(struct sm70_model *m, const struct sm70_step *st,
+			      const struct sm70_sample_row *rows,
+			      struct sm70_shard_summary *out);
+
+/* Copies out row i of the last step's logits, gathered from every rank, into
+ * host [vocab]. Returns 0 or -errno. */
+int sm70_model_row_logits(struct sm70_model *m, int i, float *host);
+
+/* Bytes of weights one decode step reads, over all ranks. */
+size_t sm70_model_weight_bytes(const struct sm70_model *m);
+
 /* Bytes of one KV block across all layers (K and V). */
 size_t sm70_model_kv_block_bytes(const struct sm70_model *m);
 
 /*
- * Weight helpers for architectures. sm70__weight_load copies a checkpoint tensor (shape
- * [rows, cols]) into backend memory, keeping its dtype; several tensors with the same
- * cols may be stacked into one matrix (e.g. q|k|v) by passing n > 1. sm70__norm_load
- * loads a 1-D tensor as f32. In dummy mode both make deterministic pseudo-random values
- * seeded by the tensor name: uniform in +-1/sqrt(cols) for matrices, 1 +- 0.1 for norms.
+ * Weight helpers for architectures. A weight is loaded as a stack of parts (e.g. q|k|v),
+ * each a band of rows [row0, row0 + rows) of a checkpoint tensor of shape
+ * [full_rows, full_cols], all cut to the same columns [col0, col0 + cols): what a rank of
+ * a tensor-parallel split holds. The checkpoint's dtype is kept (the backend may ask for
+ * another). sm70__norm_load loads a 1-D tensor as f32. In dummy mode both make
+ * deterministic pseudo-random values, each a function of (tensor name, seed, element
+ * index) so that any slice is the same slice of the same whole tensor: uniform in
+ * +-1/sqrt(full_cols) for matrices, 1 +- 0.1 for norms.
  */
-int sm70__weight_load(struct sm70_model *m, const struct sm70_ckpt *ck, struct sm70_weight *w,
-		      const char *const *names, const int *rows, int n, int cols,
-		      struct sm70_err *err);
-int sm70__norm_load(struct sm70_model *m, const struct sm70_ckpt *ck, float **out,
+struct sm70_weight_part {
+	const char *name;
+	int full_rows;
+	int row0;
+	int rows;
+};
+
+int sm70__weight_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+		      struct sm70_weight *w, const struct sm70_weight_part *parts, int n,
+		      int full_cols, int col0, int cols, struct sm70_err *err);
+int sm70__norm_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, float **out,
 		    const char *name, int dim, struct sm70_err *err);
-void sm70__weight_free(struct sm70_model *m, struct sm70_weight *w);
+void sm70__weight_free(struct sm70_model *m, int r, struct sm70_weight *w);
 
 extern const struct sm70_arch_ops sm70__arch_qwen3;
 

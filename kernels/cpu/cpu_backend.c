@@ -135,6 +135,7 @@ static const struct sm70_backend_ops cpu_ops = {
 	.attention = sm70__cpu_attention,
 	.silu_mul = sm70__cpu_silu_mul,
 	.gather_rows = sm70__cpu_gather_rows,
+	.shard_summary = sm70__cpu_shard_summary,
 };
 
 int sm70_backend_cpu_create(struct sm70_backend **out, int n_threads, struct sm70_err *err)

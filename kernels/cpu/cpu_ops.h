@@ -168,5 +168,8 @@ void sm70__cpu_silu_mul(struct sm70_backend *be, void *out, const void *gate_up,
 			int inter);
 void sm70__cpu_gather_rows(struct sm70_backend *be, void *dst, const void *src,
 			   const int32_t *rows, int n, int dim, int is_f32);
+void sm70__cpu_shard_summary(struct sm70_backend *be, struct sm70_shard_summary *out,
+			     const float *logits, const struct sm70_sample_row *rows, int n,
+			     int vocab, int id0);
 
 #endif

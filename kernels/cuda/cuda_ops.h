@@ -43,6 +43,16 @@ int sm70__cuda_graph_launch(struct sm70_backend *be, void *graph);
 void sm70__cuda_graph_destroy(struct sm70_backend *be, void *graph);
 void sm70__cuda_sample(struct sm70_backend *be, struct sm70_sample_result *out,
 		       const float *logits, const struct sm70_sample_row *rows, int n, int vocab);
+void sm70__cuda_shard_summary(struct sm70_backend *be, struct sm70_shard_summary *out,
+			      const float *logits, const struct sm70_sample_row *rows, int n,
+			      int vocab, int id0);
+void sm70__cuda_qk_norm_rope_kv(struct sm70_backend *be, void *qkv, int ld, int n, int n_heads,
+				int n_kv_heads, int head_dim, const float *q_norm,
+				const float *k_norm, float eps, const int32_t *pos, int rot_dim,
+				double theta, const struct sm70_kv_layer *kv,
+				const struct sm70_kv_layout *lay, const int32_t *slots);
+void sm70__cuda_silu_matmul(struct sm70_backend *be, void *y, const void *gate_up,
+			    const struct sm70_weight *w, int n);
 /* Benchmark helper (tests/gpu): median microseconds of `iters` sample calls, timed with
  * CUDA events on the backend's stream. Returns 0 or -errno. */
 int sm70__cuda_sample_time(struct sm70_backend *be, struct sm70_sample_result *out,

@@ -192,6 +192,10 @@ static void test_out_of_range(void **state)
 	expect_error("{\"gpus\": [300]}", -EINVAL, "gpus[0]: must be an integer in 0..255");
 	expect_error("{\"gpus\": [1, 1]}", -EINVAL, "gpus[1]: 1 is listed twice");
 	expect_error("{\"gpus\": []}", -EINVAL, "gpus: must be a list of 1 to 16 integers");
+	expect_error("{\"tp\": 0}", -EINVAL, "tp: must be an integer in 1..4");
+	expect_error("{\"tp\": 8}", -EINVAL, "tp: must be an integer in 1..4");
+	expect_error("{\"fast_paths\": {\"fused\": \"off\"}}", -EINVAL,
+		     "fast_paths.fused: must be \"fast\" or \"reference\"");
 	expect_error("{\"socket_mode\": \"017777\"}", -EINVAL,
 		     "socket_mode: must be a file mode");
 	expect_error("{\"socket\": \"/tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -220,6 +224,20 @@ static void test_model_dir_checks(void **state)
 	assert_int_equal(sm70__config_check(&c, &err), -EINVAL);
 	assert_string_equal(err.msg, "gpus: the cuda backend needs at least one GPU");
 
+	/* more ranks than GPUs listed, and ranks on the null backend */
+	assert_int_equal(load_text(&c, "{\"model\": \"" MODEL "\", \"backend\": \"cuda\", "
+				   "\"tp\": 2, \"gpus\": [3]}", &err), 0);
+	assert_int_equal(sm70__config_check(&c, &err), -EINVAL);
+	assert_string_equal(err.msg, "tp: 2 ranks need 2 GPUs in gpus, 1 listed");
+	assert_int_equal(load_text(&c, "{\"model\": \"" MODEL "\", \"backend\": \"null\", "
+				   "\"tp\": 2}", &err), 0);
+	assert_int_equal(sm70__config_check(&c, &err), -EINVAL);
+	assert_string_equal(err.msg, "tp: the null backend runs one rank only");
+	assert_int_equal(load_text(&c, "{\"model\": \"" MODEL "\", \"backend\": \"cuda\", "
+				   "\"tp\": 2, \"gpus\": [3, 1]}", &err), 0);
+	assert_int_equal(sm70__config_check(&c, &err), 0);
+	assert_int_equal(c.tp, 2);
+
 	/* a derived admin path that does not fit sun_path */
 	assert_int_equal(load_text(&c, "{\"model\": \"" MODEL "\", \"socket\": \"/tmp/"
 				   "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
@@ -232,7 +250,7 @@ static void test_model_dir_checks(void **state)
 				   " \"admin_socket\": \"/tmp/a\"}", &err), 0);
 	assert_int_equal(sm70__config_check(&c, &err), -EINVAL);
 	assert_string_equal(err.msg, "admin_socket: must differ from socket (/tmp/a)");
-	n_errors += 5;
+	n_errors += 7;
 }
 
 static void test_unreadable_file(void **state)
