@@ -239,10 +239,11 @@ static json_t *cmd_status(struct sm70__daemon *d)
 	if (strcmp(d->cfg.backend, "cuda") == 0) {
 		for (uint32_t i = 0; i < d->cfg.n_gpus; i++) {
 			uint64_t used = 0, total = 0;
-			int have = i == 0 && sm70__gpu_memory((int)d->cfg.gpus[0], 0,
-							       &used, &total) == 0;
+			int in_use = i < d->cfg.tp; /* rank i runs on gpus[i] */
+			int have = in_use && sm70__gpu_memory((int)d->cfg.gpus[i], 0,
+							      &used, &total) == 0;
 			json_t *g = json_pack("{s:I, s:b}", "id", (json_int_t)d->cfg.gpus[i],
-					      "in_use", i == 0);
+					      "in_use", in_use);
 
 			if (g && have) {
 				json_object_set_new(g, "memory_used_bytes", json_integer(
@@ -272,6 +273,8 @@ static json_t *cmd_status(struct sm70__daemon *d)
 		      "kv_bytes", (json_int_t)d->kv_bytes,
 		      "generation_tokens_total", (json_int_t)d->metrics.generation_tokens,
 		      "tokens_per_s", rate, "rate_window_s", window);
+	if (r)
+		json_object_set_new(r, "tp", json_integer(st.tp));
 	return r;
 }
 

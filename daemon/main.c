@@ -305,26 +305,34 @@ static uint64_t host_available(void)
 	return (uint64_t)kb * 1024;
 }
 
-/* The KV budget: engine.kv_bytes, or engine.kv_memory_fraction of the memory free now (on
- * the first GPU for CUDA, MemAvailable for the host backends) less the weight files.
- * Returns 0 or -errno with err naming the key. */
+/* The KV budget of each rank: engine.kv_bytes, or engine.kv_memory_fraction of the memory
+ * free now less the rank's share of the weight files (for CUDA on every rank's GPU, the
+ * smallest of them, since ranks share block ids and so have equal pools; MemAvailable for
+ * the host backends, whose simulated ranks share the host). Returns 0 or -errno with err
+ * naming the key. */
 static int kv_budget(const struct sm70__config *c, uint64_t *bytes, struct sm70_err *err)
 {
-	uint64_t avail = 0, used, total, w;
+	uint64_t avail = UINT64_MAX, used, total, w;
+	uint32_t ranks = c->tp ? c->tp : 1;
 
 	*bytes = c->engine.kv_bytes;
 	if (!(c->engine.kv_memory_fraction > 0))
 		return 0;
-	if (strcmp(c->backend, "cuda") == 0) {
-		if (sm70__gpu_memory((int)c->gpus[0], 1, &used, &total))
-			return sm70_errf(err, -ENODEV, "engine.kv_memory_fraction: cannot read the "
-					 "free memory of GPU %u (is this build without CUDA?)",
-					 c->gpus[0]);
-		avail = total - used;
-	} else {
-		avail = host_available();
-	}
 	w = weight_bytes(c->model_dir);
+	if (strcmp(c->backend, "cuda") == 0) {
+		for (uint32_t r = 0; r < ranks && r < c->n_gpus; r++) {
+			if (sm70__gpu_memory((int)c->gpus[r], 1, &used, &total))
+				return sm70_errf(err, -ENODEV, "engine.kv_memory_fraction: cannot read "
+						 "the free memory of GPU %u (is this build without "
+						 "CUDA?)", c->gpus[r]);
+			if (total - used < avail)
+				avail = total - used;
+		}
+		w /= ranks;
+	} else {
+		avail = host_available() / ranks;
+		w /= ranks;
+	}
 	avail = avail > w ? avail - w : 0;
 	*bytes = (uint64_t)((double)avail * c->engine.kv_memory_fraction);
 	if (*bytes < (1u << 16))

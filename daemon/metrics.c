@@ -246,9 +246,10 @@ int sm70__metrics_render(struct sm70__daemon *d, char *buf, size_t size)
 	if (strcmp(d->cfg.backend, "cuda") == 0) {
 		uint64_t used, total;
 
-		if (sm70__gpu_memory((int)d->cfg.gpus[0], 0, &used, &total) == 0)
-			put(&o, "sm70_gpu_memory_used_bytes{gpu=\"%u\"} %llu\n", d->cfg.gpus[0],
-			    (unsigned long long)used);
+		for (uint32_t i = 0; i < d->cfg.tp && i < d->cfg.n_gpus; i++)
+			if (sm70__gpu_memory((int)d->cfg.gpus[i], 0, &used, &total) == 0)
+				put(&o, "sm70_gpu_memory_used_bytes{gpu=\"%u\"} %llu\n",
+				    d->cfg.gpus[i], (unsigned long long)used);
 	}
 
 	scalar(&o, "sm70_preemptions_total", "counter", "Running jobs preempted (KV freed, "

@@ -2,7 +2,8 @@
 # gpu-check.sh - builds sm70 with CUDA and runs the GPU tests (tests/gpu) on a GPU machine.
 # Run from the repository root. Prints each test's output, then one PASS/FAIL table:
 # every tests/gpu binary, then the reference fixtures end to end on the CUDA backend
-# (graphs on, and eager with SM70_GRAPHS=0).
+# (graphs on, eager with SM70_GRAPHS=0, every reference switch), then tensor parallelism
+# over every GPU present (test_tp: 2..N ranks against one rank).
 #
 #   tools/gpu-check.sh             scons -j16 CUDA=1 CUDA_ARCHS=${CUDA_ARCHS:-90}, then run
 #   tools/gpu-check.sh --no-build  run what build/tests-gpu already holds (a prebuilt tree)
@@ -53,7 +54,19 @@ if [ -x "$B/tests/test_fixtures" ]; then
 	run_one fixtures-cuda env SM70_BACKEND=cuda "$B/tests/test_fixtures"
 	run_one fixtures-cuda-eager env SM70_BACKEND=cuda SM70_GRAPHS=0 "$B/tests/test_fixtures"
 	run_one fixtures-cuda-reference env SM70_BACKEND=cuda SM70_GRAPHS=0 SM70_MATMUL=reference \
-		SM70_ATTENTION=reference SM70_SAMPLER=reference "$B/tests/test_fixtures"
+		SM70_ATTENTION=reference SM70_SAMPLER=reference SM70_FUSED=0 \
+		"$B/tests/test_fixtures"
+fi
+if [ -x "$B/tests/test_tp" ]; then
+	gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+	[ "$gpus" -gt 4 ] && gpus=4
+	if [ "$gpus" -ge 2 ]; then
+		run_one tp-cuda env SM70_BACKEND=cuda SM70_TP_MAX="$gpus" "$B/tests/test_tp"
+		run_one tp-cuda-nccl env SM70_BACKEND=cuda SM70_TP_MAX="$gpus" SM70_ALLREDUCE=nccl \
+			"$B/tests/test_tp"
+	else
+		echo "== tp-cuda: SKIP, $gpus GPU(s): tensor parallelism needs 2 or more"
+	fi
 fi
 if [ $n -eq 0 ]; then
 	echo "gpu-check: no test binaries in $B/tests-gpu" >&2

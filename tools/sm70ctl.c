@@ -178,7 +178,7 @@ static void print_status(json_t *r, json_t *prev)
 
 	fmt_duration(up, sizeof(up), num(r, "uptime_s"));
 	printf("model      %s (%s)\n", str(r, "model"), str(r, "model_dir"));
-	printf("backend    %s\n", str(r, "backend"));
+	printf("backend    %s (tp %lld)\n", str(r, "backend"), inum(r, "tp"));
 	if (!json_array_size(gpus))
 		printf("gpus       -\n");
 	json_array_foreach(gpus, i, g) {
@@ -190,7 +190,7 @@ static void print_status(json_t *r, json_t *prev)
 		} else {
 			printf("%s %lld: %s\n", i ? "          " : "gpus      ", inum(g, "id"),
 			       json_is_true(json_object_get(g, "in_use")) ? "in use" :
-			       "listed, not used (one GPU today)");
+			       "listed, not used (tp is lower)");
 		}
 	}
 	printf("state      %s%s\n", str(r, "state"),

@@ -246,6 +246,8 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 	}
 	env = getenv("SM70_FUSED");
 	m->fused = !(env && strcmp(env, "0") == 0);
+	env = getenv("SM70_BENCH_SKIP_ALLREDUCE");
+	m->bench_skip_allreduce = env && strcmp(env, "1") == 0;
 	bo = batch_layout(m);
 	if (be[0]->ops->graph_begin && (m->rank[0].sample_out || m->rank[0].shards)) {
 		env = getenv("SM70_GRAPHS");

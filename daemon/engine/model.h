@@ -105,6 +105,9 @@ struct sm70_model {
 	struct sm70_model_rank rank[SM70_MAX_TP];
 	struct sm70_kv_layout kv_lay; /* every rank's (n_kv_heads is per rank) */
 	int fused;                 /* use the backend's fused ops (unless SM70_FUSED=0) */
+	/* Benchmarks only: SM70_BENCH_SKIP_ALLREDUCE=1 leaves the all-reduces out, so that
+	 * sm70-bench decode can time what they cost (the tokens are then wrong). */
+	int bench_skip_allreduce;
 	uint64_t clamped_values;   /* weights clamped to the f16 range while loading */
 
 	/* Decode-only steps replayed as captured graphs (backends with graph ops, unless

@@ -241,7 +241,7 @@ static void reduce_delta(struct sm70_model *m, struct qwen3_work *w, int T)
 {
 	void *bufs[SM70_MAX_TP];
 
-	if (m->tp == 1)
+	if (m->tp == 1 || m->bench_skip_allreduce)
 		return;
 	for (int r = 0; r < m->tp; r++)
 		bufs[r] = w[r].delta;

@@ -60,7 +60,19 @@ d2=$("$RUN" -m "$T/dummy" --load-format dummy --prompt-ids 5,6 -n 6 2>/dev/null)
 [ "$d1" = "$d2" ] || fail "dummy weights differ between runs"
 echo "dummy weights: deterministic ($d1)"
 
-# 5. Errors: exit 2 and a message naming the problem.
+# 5. --tp 2 (simulated ranks on the CPU) gives the greedy reference and the seeded tokens.
+"$RUN" -m "$FX" --prompt-ids "$prompt" -n "$n" --tp 2 --json >"$T/tp.json"
+python3 - "$T/tp.json" "$want" <<'PY' || exit 1
+import json, sys
+o = json.load(open(sys.argv[1]))
+assert o["tokens"] == [int(x) for x in sys.argv[2].split()], o["tokens"]
+PY
+t4=$("$RUN" -m "$FX" --prompt-ids 1,2,3 -n 24 --temperature 1.0 --top-k 20 --top-p 0.95 --seed 11 \
+	--tp 4 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
+[ "$t1" = "$t4" ] || fail "--tp 4 sampled $t4, one rank $t1"
+echo "--tp 2 greedy equals transformers; --tp 4 seeded sampling equals one rank"
+
+# 6. Errors: exit 2 and a message naming the problem.
 expect2() { # NEEDLE ARGS...
 	needle=$1; shift
 	set +e; "$RUN" "$@" >/dev/null 2>"$T/err"; rc=$?; set -e
@@ -73,6 +85,8 @@ expect2 "exactly one" -m "$FX"
 expect2 "temperature" -m "$FX" --prompt-ids 1 --temperature -1
 expect2 "top-p" -m "$FX" --prompt-ids 1 --top-p 1.5
 expect2 "backend" -m "$FX" --prompt-ids 1 --backend tpu
+expect2 "tensor parallelism 3" -m "$FX" --prompt-ids 1 --tp 3
+expect2 "tp" -m "$FX" --prompt-ids 1 --tp 9
 expect2 "bad token id" -m "$FX" --prompt-ids 1,x,3
 expect2 "vocabulary" -m "$FX" --prompt-ids 1,99999
 expect2 "config.json" -m "$T/nowhere" --prompt-ids 1

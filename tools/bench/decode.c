@@ -10,7 +10,10 @@
  * the device time plus the host's share). The roofline of one step is the bytes it must
  * read, weights + every sequence's KV, divided by the read bandwidth passed with --bw-gbs
  * (measure it in the same run with `sm70-bench bw`), or, without it, reported as bytes
- * per second only.
+ * per second only. With --tp N the model is split over N GPUs: the bytes are those of all
+ * ranks (KV heads replicated when there are fewer than ranks) and the roofline is N times
+ * one GPU's bandwidth. SM70_BENCH_SKIP_ALLREDUCE=1 leaves the all-reduces out (wrong
+ * tokens, right shape of work): the difference is their cost per step.
  *
  * Non-goals: prefill speed, time to first token (sm70-run's timing covers those).
  */
@@ -63,7 +66,7 @@ static void usage(void)
 		"usage: sm70-bench decode -m MODEL_DIR [--backend cuda|cpu] [--load-format "
 		"auto|dummy]\n"
 		"         [--batch 1,8,16] [--ctx 1024,16384] [--steps N] [--kv-dtype f16|fp8|f32]\n"
-		"         [--kv-gib G] [--bw-gbs GBPS]\n");
+		"         [--kv-gib G] [--bw-gbs GBPS] [--tp N] [--gpus 0,1,...]\n");
 }
 
 /* One configuration on an open engine: returns 0 and fills tokens/s and bytes per step.
@@ -108,7 +111,8 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 	*tps = c.tokens / (sm70__cli_now_s() - t0);
 	{
 		const struct sm70_model_config *mc = sm70_engine_model_config(e);
-		double kv_tok = 2.0 * mc->n_layers * mc->n_kv_heads * mc->head_dim *
+		int kv_heads = mc->n_kv_heads < eo->tp ? eo->tp : mc->n_kv_heads;
+		double kv_tok = 2.0 * mc->n_layers * kv_heads * mc->head_dim *
 				(double)sm70_dtype_size(eo->kv_dtype);
 		struct sm70_engine_stats st;
 		sm70_engine_get_stats(e, &st);
@@ -131,7 +135,8 @@ int sm70__bench_decode(int argc, char **argv)
 		{ "load-format", required_argument, 0, 'l' }, { "batch", required_argument, 0, 'B' },
 		{ "ctx", required_argument, 0, 'c' }, { "steps", required_argument, 0, 's' },
 		{ "kv-dtype", required_argument, 0, 'k' }, { "kv-gib", required_argument, 0, 'g' },
-		{ "bw-gbs", required_argument, 0, 'w' }, { 0, 0, 0, 0 },
+		{ "bw-gbs", required_argument, 0, 'w' }, { "tp", required_argument, 0, 't' },
+		{ "gpus", required_argument, 0, 'G' }, { 0, 0, 0, 0 },
 	};
 	struct sm70_engine_opts eo;
 	struct sm70_engine *e = NULL;
@@ -157,6 +162,8 @@ int sm70__bench_decode(int argc, char **argv)
 		case 's': steps = atoi(optarg); break;
 		case 'g': kv_gib = atof(optarg); break;
 		case 'w': bw = atof(optarg); break;
+		case 't': eo.tp = atoi(optarg); break;
+		case 'G': eo.n_gpus = parse_list(optarg, eo.gpus, 4); break;
 		case 'k':
 			eo.kv_dtype = strcmp(optarg, "fp8") == 0 ? SM70_DTYPE_F8E4M3 :
 				      strcmp(optarg, "f32") == 0 ? SM70_DTYPE_F32 : SM70_DTYPE_F16;
@@ -164,7 +171,8 @@ int sm70__bench_decode(int argc, char **argv)
 		default: usage(); return 2;
 		}
 	}
-	if (!model || n_b < 1 || n_c < 1 || steps < 1 || kv_gib <= 0) {
+	if (!model || n_b < 1 || n_c < 1 || steps < 1 || kv_gib <= 0 || eo.tp < 1 ||
+	    eo.n_gpus < 0) {
 		usage();
 		return 2;
 	}
@@ -178,10 +186,12 @@ int sm70__bench_decode(int argc, char **argv)
 		fprintf(stderr, "sm70-bench decode: %s\n", err.msg);
 		return 1;
 	}
-	printf("decode: %s, backend %s, %s weights, KV %s, %d timed steps, graphs %s\n", model,
-	       eo.backend, eo.dummy_weights ? "dummy" : "checkpoint",
+	printf("decode: %s, backend %s, tp %d, %s weights, KV %s, %d timed steps, graphs %s%s\n",
+	       model, eo.backend, eo.tp, eo.dummy_weights ? "dummy" : "checkpoint",
 	       sm70_dtype_name(eo.kv_dtype), steps,
-	       getenv("SM70_GRAPHS") && !strcmp(getenv("SM70_GRAPHS"), "0") ? "off" : "on");
+	       getenv("SM70_GRAPHS") && !strcmp(getenv("SM70_GRAPHS"), "0") ? "off" : "on",
+	       getenv("SM70_BENCH_SKIP_ALLREDUCE") ? ", all-reduces SKIPPED" : "");
+	bw *= eo.tp;
 	printf("%6s %7s %12s %12s %14s %10s\n", "batch", "ctx", "tokens/s", "step ms",
 	       "GB read/step", bw > 0 ? "roofline" : "GB/s");
 	for (int i = 0; i < n_b; i++) {
