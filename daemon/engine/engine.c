@@ -63,7 +63,8 @@ struct sm70_engine {
 	int32_t *chunk_first, *chunk_len;    /* prefill chunks of the step being built */
 	struct sm70_sample_row *rows;        /* device sampling: one per out row */
 	struct sm70_sample_result *results;
-	struct sm70_shard_summary *shards;   /* several ranks: [S * tp] */
+	struct sm70_shard_summary *shards;   /* several ranks: [tp][step_n_out] */
+	int step_n_out;                      /* rows sampled in the current step */
 	struct seq **step_seqs;
 	int *step_take;
 	float *logits;
@@ -459,7 +460,7 @@ static int sample_sharded(struct sm70_engine *e, int o, const struct seq *s,
 	int tp = e->model->tp, ret;
 
 	for (int r = 0; r < tp; r++)
-		sh[r] = &e->shards[(size_t)o * tp + r];
+		sh[r] = &e->shards[(size_t)r * e->step_n_out + o];
 	ret = sm70_sample_shards(sh, tp, e->model->cfg.vocab_size, &s->req.sampling,
 				 (uint64_t)s->n_gen, res);
 	if (ret != -ERANGE)
@@ -733,6 +734,7 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		.n_decode = n_decode, .n_chunks = n_chunks,
 		.chunk_first = e->chunk_first, .chunk_len = e->chunk_len,
 	};
+	e->step_n_out = n_out;
 	if (e->model->rank[0].shards)
 		ret = sm70_model_forward_shards(e->model, &st, e->rows, e->shards);
 	else if (e->model->rank[0].sample_out)

@@ -479,8 +479,8 @@ static void queue_sampling(struct sm70_model *m, int n)
 	}
 }
 
-/* Downloads the sampling results of n rows: results (one rank) or summaries (out[i * tp
- * + r]). */
+/* Downloads the sampling results of n rows: results (one rank) or summaries (out[r * n
+ * + i], one copy per rank). */
 static int fetch_sampling(struct sm70_model *m, int n, void *out)
 {
 	int ret;
@@ -493,15 +493,14 @@ static int fetch_sampling(struct sm70_model *m, int n, void *out)
 			return ret;
 		return sync_all(m);
 	}
-	for (int r = 0; r < m->tp; r++)
-		for (int i = 0; i < n; i++) {
-			struct sm70_model_rank *rk = &m->rank[r];
-			struct sm70_shard_summary *dst = out;
-			ret = rk->be->ops->download(rk->be, &dst[(size_t)i * m->tp + r],
-						    &rk->shards[i], sizeof(*dst));
-			if (ret)
-				return ret;
-		}
+	for (int r = 0; r < m->tp; r++) {
+		struct sm70_model_rank *rk = &m->rank[r];
+		struct sm70_shard_summary *dst = out;
+		ret = rk->be->ops->download(rk->be, dst + (size_t)r * n, rk->shards,
+					    sizeof(*dst) * (size_t)n);
+		if (ret)
+			return ret;
+	}
 	return sync_all(m);
 }
 

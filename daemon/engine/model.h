@@ -151,7 +151,7 @@ int sm70_model_forward_sample(struct sm70_model *m, const struct sm70_step *st,
 			      const struct sm70_sample_row *rows, struct sm70_sample_result *out);
 
 /* Runs one step and summarises each out row's logits on every rank (several ranks whose
- * backends have `shard_summary`): out[i * tp + r] is rank r's summary of row i. The
+ * backends have `shard_summary`): out[r * n_out + i] is rank r's summary of row i. The
  * logits stay on the ranks until the next step, for sm70_model_row_logits. Returns 0 or
  * -errno. */
 int sm70_model_forward_shards(struct sm70_model *m, const struct sm70_step *st,
