@@ -137,17 +137,18 @@ static int open_backends(struct sm70_engine *e, struct sm70_err *err)
 
 	if (tp < 1 || tp > SM70_MAX_TP)
 		return sm70_errf(err, -EINVAL, "tp %d out of range 1..%d", tp, SM70_MAX_TP);
-	if (o->n_gpus && o->n_gpus < tp)
-		return sm70_errf(err, -EINVAL, "tp %d needs %d GPUs but %d %s listed", tp, tp,
-				 o->n_gpus, o->n_gpus == 1 ? "is" : "are");
 	if (strcmp(name, "cuda") == 0) {
-		for (int r = 0; r < tp && !ret; r++) {
-			int dev = o->n_gpus ? o->gpus[r] : r;
+		if (o->n_gpus && o->n_gpus < tp)
+			return sm70_errf(err, -EINVAL, "tp %d needs %d GPUs but %d %s listed", tp,
+					 tp, o->n_gpus, o->n_gpus == 1 ? "is" : "are");
+		for (int r = 0; r < tp; r++)
 			for (int q = 0; q < r; q++)
-				if ((o->n_gpus ? o->gpus[q] : q) == dev)
+				if (o->n_gpus && o->gpus[q] == o->gpus[r])
 					return sm70_errf(err, -EINVAL, "GPU %d is listed for two "
-							 "ranks", dev);
-			ret = sm70_backend_cuda_create(&e->ranks[r], dev, err);
+							 "ranks", o->gpus[r]);
+		for (int r = 0; r < tp && !ret; r++) {
+			ret = sm70_backend_cuda_create(&e->ranks[r], o->n_gpus ? o->gpus[r] : r,
+						       err);
 			if (!ret)
 				e->n_owned = r + 1;
 		}

@@ -507,6 +507,31 @@ static void test_cancel_and_kill_free_kv(void **state)
 	assert_int_equal(status, 0);
 }
 
+/* A daemon splitting the model over two (simulated) tensor-parallel ranks serves the same
+ * greedy streams. */
+static void test_tp2_daemon(void **state)
+{
+	static const char cfg[] =
+		"{ \"tp\": 2, \"engine\": { \"n_threads\": 1, \"max_seqs\": 16 },\n"
+		"  \"limits\": { \"max_jobs_in_flight\": 16, \"max_new_tokens\": 4000 } }\n";
+	struct sm70t_daemon tp2;
+	struct child ch[4];
+	int total = 0, status;
+
+	assert_int_equal(sm70t_daemon_start(&tp2, cfg, NULL), 0);
+	for (int i = 0; i < 4; i++)
+		child_start(&ch[i], tp2.sock, i, 2, MAX_NEW, 0, 0);
+	for (int i = 0; i < 4; i++)
+		total += child_finish_checked(&ch[i]);
+	assert_int_equal(total, 8);
+	status = sm70t_daemon_stop(&tp2, SIGTERM, 5000);
+	if (status != 0)
+		sm70t_daemon_dump_log(&tp2);
+	sm70t_daemon_cleanup(&tp2);
+	assert_int_equal(status, 0);
+	printf("tp 2 daemon: 4 client processes x 2 jobs equal sm70-run token for token\n");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -516,6 +541,7 @@ int main(void)
 		cmocka_unit_test(test_4_clients_8_jobs),
 		cmocka_unit_test(test_killed_client_leaves_others_alone),
 		cmocka_unit_test(test_cancel_and_kill_free_kv),
+		cmocka_unit_test(test_tp2_daemon),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

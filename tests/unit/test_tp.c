@@ -226,12 +226,20 @@ static void test_bad_tp(void **state)
 			 -EINVAL);
 	assert_non_null(strstr(err.msg, "tp 5 out of range"));
 	sm70_err_clear(&err);
+	eo.backend = "cuda";
 	eo.tp = 2;
 	eo.n_gpus = 1;
 	eo.gpus[0] = 0;
 	assert_int_equal(sm70_engine_open(&e, FIXTURES "/qwen3-mha-d32-f16", &eo, &err),
 			 -EINVAL);
 	assert_non_null(strstr(err.msg, "tp 2 needs 2 GPUs"));
+	printf("refused: %s\n", err.msg);
+	sm70_err_clear(&err);
+	eo.n_gpus = 2;
+	eo.gpus[1] = 0;
+	assert_int_equal(sm70_engine_open(&e, FIXTURES "/qwen3-mha-d32-f16", &eo, &err),
+			 -EINVAL);
+	assert_non_null(strstr(err.msg, "GPU 0 is listed for two ranks"));
 	printf("refused: %s\n", err.msg);
 }
 
