@@ -183,9 +183,9 @@ struct sm70_backend_ops {
 				double theta, const struct sm70_kv_layer *kv,
 				const struct sm70_kv_layout *lay, const int32_t *slots);
 
-	/* Optional fusion (NULL, or SM70_FUSED=0: silu_mul, then matmul): y[n, w->rows] (act)
-	 * = (silu(gate) * up) W^T, where gate_up is act [n, 2 * w->cols] with the gate in the
-	 * first w->cols columns of each row. */
+	/* Optional fusion, used only when SM70_FUSED is silu or 1 (otherwise, or NULL:
+	 * silu_mul, then matmul): y[n, w->rows] (act) = (silu(gate) * up) W^T, where gate_up
+	 * is act [n, 2 * w->cols] with the gate in the first w->cols columns of each row. */
 	void (*silu_matmul)(struct sm70_backend *be, void *y, const void *gate_up,
 			    const struct sm70_weight *w, int n);
 

@@ -36,7 +36,8 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: sm70-bench bw|gemv|attention|prefill|all [--iters N] [--device N]\n"
 		   "       sm70-bench decode -m MODEL_DIR [options]   (decode --help)\n"
-		   "       sm70-bench ipc [options]                   (ipc --help)\n");
+		   "       sm70-bench ipc [options]                   (ipc --help)\n"
+		   "       sm70-bench allreduce [--gpus N] [--json]   (allreduce --help)\n");
 }
 
 static void row(const char *name, double us, double bytes, const struct ref_bw *bw,
@@ -201,6 +202,8 @@ int main(int argc, char **argv)
 		return sm70__bench_decode(argc - 1, argv + 1);
 	if (argc > 1 && !strcmp(argv[1], "ipc"))
 		return sm70__bench_ipc(argc - 1, argv + 1);
+	if (argc > 1 && !strcmp(argv[1], "allreduce"))
+		return sm70__bench_allreduce(argc - 1, argv + 1);
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
 			iters = atoi(argv[++i]);

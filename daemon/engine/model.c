@@ -245,7 +245,11 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 			goto fail;
 	}
 	env = getenv("SM70_FUSED");
-	m->fused = !(env && strcmp(env, "0") == 0);
+	/* default: the q/k fusion only; the SwiGLU-into-down fusion measured slower (its
+	 * GEMV reads gate and up for every block: docs/PERFORMANCE.md) */
+	m->fused = !env || strcmp(env, "qk") == 0 ? SM70_FUSED_QK :
+		   strcmp(env, "0") == 0 ? 0 :
+		   strcmp(env, "silu") == 0 ? SM70_FUSED_SILU : SM70_FUSED_ALL;
 	env = getenv("SM70_BENCH_SKIP_ALLREDUCE");
 	m->bench_skip_allreduce = env && strcmp(env, "1") == 0;
 	bo = batch_layout(m);

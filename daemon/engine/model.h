@@ -96,6 +96,8 @@ struct sm70_arch_ops {
 	size_t (*weight_bytes)(const struct sm70_model *m, int r);
 };
 
+enum { SM70_FUSED_QK = 1, SM70_FUSED_SILU = 2, SM70_FUSED_ALL = 3 };
+
 struct sm70_model {
 	struct sm70_model_config cfg;
 	struct sm70_model_opts opts;
@@ -104,7 +106,9 @@ struct sm70_model {
 	struct sm70_comm *comm;    /* NULL with one rank */
 	struct sm70_model_rank rank[SM70_MAX_TP];
 	struct sm70_kv_layout kv_lay; /* every rank's (n_kv_heads is per rank) */
-	int fused;                 /* use the backend's fused ops (unless SM70_FUSED=0) */
+	/* Which of the backend's fused ops to use (the qk_norm_rope_kv and silu_matmul slots
+	 * of backend.h): SM70_FUSED=qk (the default) or silu one, 1 both, 0 none. */
+	int fused;
 	/* Benchmarks only: SM70_BENCH_SKIP_ALLREDUCE=1 leaves the all-reduces out, so that
 	 * sm70-bench decode can time what they cost (the tokens are then wrong). */
 	int bench_skip_allreduce;

@@ -268,7 +268,7 @@ static void attention_block(struct sm70_model *m, int r, int l, struct qwen3_wor
 	op->add_rmsnorm(be, w->y, w->resid, l ? w->delta : NULL, L->attn_norm, T,
 			c->hidden_size, c->rms_norm_eps);
 	op->matmul(be, w->qkv, 0, w->y, &L->qkv, T);
-	if (m->fused && op->qk_norm_rope_kv) {
+	if ((m->fused & SM70_FUSED_QK) && op->qk_norm_rope_kv) {
 		op->qk_norm_rope_kv(be, w->qkv, qkv_ld, T, Hq, Hk, D, L->q_norm, L->k_norm,
 				    c->rms_norm_eps, b->tok_pos, c->rot_dim, c->rope_theta,
 				    &rk->kv[l], &m->kv_lay, b->tok_slot);
@@ -297,7 +297,8 @@ static void mlp_block(struct sm70_model *m, int r, int l, struct qwen3_work *w)
 	op->add_rmsnorm(be, w->y, w->resid, w->delta, L->mlp_norm, T, c->hidden_size,
 			c->rms_norm_eps);
 	op->matmul(be, w->gate_up, 0, w->y, &L->gate_up, T);
-	if (m->fused && op->silu_matmul) {
+	/* the fused form re-reads W for every 16 rows: decode-sized steps only */
+	if ((m->fused & SM70_FUSED_SILU) && op->silu_matmul && T <= 16) {
 		op->silu_matmul(be, w->delta, w->gate_up, &L->down, T);
 	} else {
 		op->silu_mul(be, w->mid, w->gate_up, T, rk->inter);

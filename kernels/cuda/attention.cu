@@ -8,12 +8,13 @@
  * zeros to 16, are the A operand of WMMA 16x16x16 products (f16 in, fp32 accumulate, the
  * SM70 feature set): S = Q K^T for a tile of 64 positions, an online softmax over S by one
  * warp per head (P rounded to f16, as flash attention does), then O += P V, the running
- * O held in accumulator fragments and rescaled through a row map read from a fragment at
- * start (the fragment layout is opaque; loading a matrix of row numbers reveals it). The
- * next tile's K and V are loaded into registers (FP8: two tiles ahead) while the current
- * one is multiplied, so memory stays busy. Positions are split over enough blocks to fill
- * every SM once (split-KV); each split writes (max, normaliser, unnormalised sum) to the
- * backend's scratch and a merge kernel combines them.
+ * O held in accumulator fragments and rescaled by a fragment loaded from a 16x16 matrix of
+ * each row's factor (the fragment layout is opaque; this keeps no row map in registers).
+ * The next tile's K and V are loaded into registers (FP8: two tiles ahead) while the
+ * current one is multiplied, so memory stays busy; the first tiles' loads go out before q
+ * is staged. Positions are split over enough blocks to fill every SM once (split-KV); each
+ * split writes (unnormalised sum, max, normaliser) to the backend's scratch and a merge
+ * kernel combines them (weights in one pass, then 16-byte loads of every split at once).
  *
  * The fp32 SIMT kernel (SM70_ATTENTION=simt, or shapes the tensor-core path does not
  * take): one block per (token, KV head) as above, tiles copied (FP8 decoded) into shared
@@ -49,6 +50,9 @@
 
 #define ATTN_THREADS 128
 #define ATTN_WARPS (ATTN_THREADS / 32)
+/* A split's partial for one head: D unnormalised sums (v_mul applied), then m (natural-log
+ * units) and l; rows are 16-byte aligned for the merge's vector loads. */
+#define ATTN_PR(D) ((D) + 4)
 
 struct attn_args {
 	__half *out;
@@ -251,34 +255,94 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_a
 	for (int i = tid; i < G * (D + 2); i += ATTN_THREADS) {
 		const int g = i / (D + 2), j = i - g * (D + 2);
 		const int h = kvh * G + g;
-		float *pp = a.part + (((size_t)tok * a.n_heads + h) * a.nsplit + split) * (D + 2);
+		float *pp = a.part +
+			    (((size_t)tok * a.n_heads + h) * a.nsplit + split) * ATTN_PR(D);
 
-		pp[j] = j == 0 ? m_s[g] : j == 1 ? l_s[g] : acc_s[g * D + j - 2] * a.v_mul;
+		pp[j] = j == D ? m_s[g] : j == D + 1 ? l_s[g] : acc_s[g * D + j] * a.v_mul;
 	}
 }
 
-/* Merges the nsplit partials of each (token, head): one block each, one thread a dim. */
+/* Normalised merge weights of one (token, head)'s ns partials (row stride PR floats, m at
+ * D, l at D + 1) into w_s[0, ns), by one warp, using w_s[ns, 2 ns) for the l's: one pass
+ * over the partials. Each lane reads back only what it wrote, so no barrier inside. */
+static __device__ void attn_merge_weights(const float *pb, int ns, int D, float *w_s)
+{
+	const int lane = threadIdx.x & 31, PR = ATTN_PR(D);
+	float mx = -INFINITY, l = 0.0f;
+
+	for (int z = lane; z < ns; z += 32) {
+		const float2 ml = __ldcg((const float2 *)(pb + (size_t)z * PR + D));
+
+		w_s[z] = ml.x;
+		w_s[ns + z] = ml.y;
+		mx = fmaxf(mx, ml.x);
+	}
+	mx = sm70__warp_max(mx);
+	for (int z = lane; z < ns; z += 32) {
+		const float lz = w_s[ns + z];
+		/* an empty split (past this token's position) has l = 0, m = -inf */
+		const float w = lz > 0.0f ? expf(w_s[z] - mx) : 0.0f;
+
+		w_s[z] = w;
+		l += w * lz;
+	}
+	l = 1.0f / sm70__warp_sum(l);
+	for (int z = lane; z < ns; z += 32)
+		w_s[z] *= l;
+}
+
+/* Sum over the ns partials (row stride PR floats) of 4 dims at pb, weighted by w_s: eight
+ * 16-byte loads in flight. Partials come through L2 (__ldcg): other blocks wrote them. */
+static __device__ float4 attn_merge_dims(const float *pb, const float *w_s, int ns, int PR)
+{
+	float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+#pragma unroll 8
+	for (int z = 0; z < ns; z++) {
+		const float4 v = __ldcg((const float4 *)(pb + (size_t)z * PR));
+		const float w = w_s[z];
+
+		o.x += w * v.x;
+		o.y += w * v.y;
+		o.z += w * v.z;
+		o.w += w * v.w;
+	}
+	return o;
+}
+
+static __device__ __forceinline__ void attn_store4(__half *o, float4 v)
+{
+	((__half2 *)o)[0] = __floats2half2_rn(v.x, v.y);
+	((__half2 *)o)[1] = __floats2half2_rn(v.z, v.w);
+}
+
+/* Merges the nsplit partials of each (token, head): one block each, one thread per 4 dims;
+ * the first warp computes the weights. */
 static __global__ void attn_merge_kernel(__half *__restrict__ out,
 					 const float *__restrict__ part, int nsplit, int D)
 {
-	const float *pp = part + (size_t)blockIdx.x * nsplit * (D + 2);
-	float mx = -INFINITY, l = 0.0f, o = 0.0f;
+	extern __shared__ float w_s[]; /* 2 * nsplit */
+	const float *pp = part + (size_t)blockIdx.x * nsplit * ATTN_PR(D);
+	const int tid = threadIdx.x;
 
-	for (int z = 0; z < nsplit; z++)
-		mx = fmaxf(mx, pp[(size_t)z * (D + 2)]);
-	for (int z = 0; z < nsplit; z++) {
-		const float *pz = pp + (size_t)z * (D + 2);
+	if (tid < 32)
+		attn_merge_weights(pp, nsplit, D, w_s);
+	__syncthreads();
+	if (tid < D / 4)
+		attn_store4(out + (size_t)blockIdx.x * D + tid * 4,
+			    attn_merge_dims(pp + tid * 4, w_s, nsplit, ATTN_PR(D)));
+}
 
-		if (pz[1] == 0.0f)
-			continue; /* an empty split (past this token's position) */
-		const float wz = expf(pz[0] - mx);
-
-		l += pz[1] * wz;
-		if (threadIdx.x < D)
-			o += pz[2 + threadIdx.x] * wz;
-	}
-	if (threadIdx.x < D)
-		out[(size_t)blockIdx.x * D + threadIdx.x] = __float2half_rn(o / l);
+/* Queues the merge of a's a.nsplit partials per (token, head) into a.out. */
+static int attn_merge_launch(struct sm70__cuda *c, const struct attn_args &a, int n_tokens,
+			     int D)
+{
+	attn_merge_kernel<<<n_tokens * a.n_heads, (D / 4 + 31) / 32 * 32,
+			    (size_t)a.nsplit * 2 * sizeof(float), c->stream>>>(a.out, a.part,
+									  a.nsplit, D);
+	if (SM70_CUDA_LAUNCHED(&c->be, "attn_merge_kernel"))
+		return -EIO;
+	return 0;
 }
 
 /* e4m3 decoded the plain way, for the reference kernel. */
@@ -351,7 +415,7 @@ static int attn_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens, i
 	constexpr int TP = tile<D>::TP;
 	const size_t smem = attn_smem<D>(a.group);
 	const long blocks = (long)n_tokens * a.n_kv;
-	const size_t per_split = (size_t)n_tokens * a.n_heads * (D + 2) * sizeof(float);
+	const size_t per_split = (size_t)n_tokens * a.n_heads * ATTN_PR(D) * sizeof(float);
 	int nsplit = 1;
 
 	if (smem > c->smem_optin)
@@ -382,12 +446,8 @@ static int attn_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens, i
 	attn_kernel<D, FP8><<<dim3((unsigned)blocks, a.nsplit), ATTN_THREADS, smem, c->stream>>>(a);
 	if (SM70_CUDA_LAUNCHED(&c->be, "attn_kernel"))
 		return -EIO;
-	if (a.nsplit > 1) {
-		attn_merge_kernel<<<n_tokens * a.n_heads, (D + 31) / 32 * 32, 0, c->stream>>>(
-			a.out, a.part, a.nsplit, D);
-		if (SM70_CUDA_LAUNCHED(&c->be, "attn_merge_kernel"))
-			return -EIO;
-	}
+	if (a.nsplit > 1)
+		return attn_merge_launch(c, a, n_tokens, D);
 	return 0;
 }
 
@@ -399,7 +459,9 @@ static int attn_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens, i
 
 /* Byte offsets of the tensor-core kernel's shared memory: q (16 rows), K and V tiles (f16,
  * rows padded by 16 bytes so ldmatrix rows fall in different banks), the S partials of
- * the NSPL warps that split head_dim, P (f16), and m, l, alpha per head. */
+ * the NSPL warps that split head_dim, P (f16), each head's alpha repeated 16 times (an
+ * accumulator fragment loaded from it holds, element for element, the factor of the O
+ * fragment's element: no row map held in registers), then m and l per head. */
 template <int D, int TP> struct tcl {
 	static constexpr int QS = D + 8;                  /* halves */
 	static constexpr int NSPL = TC_WARPS / (TP / 16); /* warps per S column tile */
@@ -410,8 +472,9 @@ template <int D, int TP> struct tcl {
 	static constexpr size_t v_off = k_off + (size_t)TP * QS * 2;
 	static constexpr size_t s_off = v_off + (size_t)TP * QS * 2;
 	static constexpr size_t p_off = s_off + (size_t)NSPL * 16 * SS * 4;
-	static constexpr size_t f_off = p_off + (size_t)16 * PS * 2;
-	static constexpr size_t bytes = f_off + 3 * 16 * 4;
+	static constexpr size_t a_off = p_off + (size_t)16 * PS * 2;
+	static constexpr size_t f_off = a_off + (size_t)16 * 16 * 4;
+	static constexpr size_t bytes = f_off + 2 * 16 * 4;
 	static_assert((D / 16) % NSPL == 0, "head_dim too small for this tile");
 	static_assert((size_t)16 * (D + 4) * 4 <= (size_t)TP * QS * 2, "O staging");
 };
@@ -436,7 +499,9 @@ static __device__ __forceinline__ void e4m3x16_to_f16_scaled(uint4 in, uint4 &lo
 	hi = make_uint4(dst[4], dst[5], dst[6], dst[7]);
 }
 
-template <int D, bool FP8, int TP>
+/* One block of 8 warps per (token, KV head, split), TP positions a tile, NPF tiles loaded
+ * ahead into registers. */
+template <int D, bool FP8, int TP, int NPF>
 static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct attn_args a)
 {
 	using namespace nvcuda;
@@ -446,7 +511,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct at
 	constexpr int EPC = FP8 ? 16 : 8;                       /* values per 16-byte load */
 	constexpr int CPR = D / EPC;                            /* loads per row */
 	constexpr int CH = (TP * CPR + TC_THREADS - 1) / TC_THREADS; /* loads a thread */
-	constexpr int NPF = FP8 ? 2 : 1;                        /* tiles loaded ahead */
 	constexpr int NCT = (D / 16 + TC_WARPS - 1) / TC_WARPS; /* O column tiles a warp */
 	constexpr float LOG2E = 1.4426950408889634f;
 	extern __shared__ __align__(128) unsigned char sm[];
@@ -455,7 +519,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct at
 	__half *v_s = (__half *)(sm + L::v_off);
 	float *s_s = (float *)(sm + L::s_off);
 	__half *p_s = (__half *)(sm + L::p_off);
-	float *m_s = (float *)(sm + L::f_off), *l_s = m_s + 16, *al_s = m_s + 32;
+	float *al_m = (float *)(sm + L::a_off); /* [16][16] */
+	float *m_s = (float *)(sm + L::f_off), *l_s = m_s + 16;
 
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int G = a.group;
@@ -471,36 +536,6 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct at
 	const size_t esz = FP8 ? 1 : 2;
 	uint4 kr[NPF][CH], vr[NPF][CH];
 	acc_t acc[NCT];
-	int rowmap[acc_t::num_elements];
-
-	for (int i = tid; i < 16 * (D / 8); i += TC_THREADS) {
-		const int g = i / (D / 8), c8 = i - g * (D / 8);
-
-		*(uint4 *)(q_s + g * QS + c8 * 8) =
-			g < G ? __ldg((const uint4 *)(qt + (size_t)g * D) + c8) :
-				make_uint4(0, 0, 0, 0);
-	}
-	for (int i = tid; i < 16 * PS / 8; i += TC_THREADS)
-		((uint4 *)p_s)[i] = make_uint4(0, 0, 0, 0);
-	if (tid < 16) {
-		m_s[tid] = -INFINITY;
-		l_s[tid] = 0.0f;
-		al_s[tid] = 1.0f;
-	}
-	for (int i = tid; i < 256; i += TC_THREADS)
-		s_s[i] = (float)(i >> 4);
-	__syncthreads();
-	{
-		acc_t f;
-
-		wmma::load_matrix_sync(f, s_s, 16, wmma::mem_row_major);
-#pragma unroll
-		for (int e = 0; e < acc_t::num_elements; e++)
-			rowmap[e] = (int)f.x[e];
-	}
-#pragma unroll
-	for (int ci = 0; ci < NCT; ci++)
-		wmma::fill_fragment(acc[ci], 0.0f);
 
 	/* K and V of tile t (positions p0 + t*TP ...) into register slot d; rows past the
 	 * range read as zero so that 0 * garbage never reaches P V. */
@@ -521,10 +556,30 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct at
 		}                                                                         \
 	} while (0)
 
+	/* the first tiles' loads go out before q is staged: their latency covers it */
 #pragma unroll
 	for (int d = 0; d < NPF; d++)
 		if (d < ntiles)
 			ATC_LOAD(d, d);
+
+	for (int i = tid; i < 16 * (D / 8); i += TC_THREADS) {
+		const int g = i / (D / 8), c8 = i - g * (D / 8);
+
+		*(uint4 *)(q_s + g * QS + c8 * 8) =
+			g < G ? __ldg((const uint4 *)(qt + (size_t)g * D) + c8) :
+				make_uint4(0, 0, 0, 0);
+	}
+	for (int i = tid; i < 16 * PS / 8; i += TC_THREADS)
+		((uint4 *)p_s)[i] = make_uint4(0, 0, 0, 0);
+	if (tid < 16) {
+		m_s[tid] = -INFINITY;
+		l_s[tid] = 0.0f;
+	}
+	for (int i = tid; i < 256; i += TC_THREADS)
+		al_m[i] = 1.0f; /* rows past the group keep 1: their O is 0 */
+#pragma unroll
+	for (int ci = 0; ci < NCT; ci++)
+		wmma::fill_fragment(acc[ci], 0.0f);
 
 	for (int t = 0; t < ntiles; t += NPF) {
 #pragma unroll
@@ -610,26 +665,34 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct at
 					sum += __half2float(e);
 				}
 				sum = sm70__warp_sum(sum);
-				if (lane == 0) {
-					const float alpha = exp2f(m_old - m_new);
+				const float alpha = exp2f(m_old - m_new);
 
+				if (lane < 16)
+					al_m[g * 16 + lane] = alpha;
+				if (lane == 0) {
 					l_s[g] = l_s[g] * alpha + sum;
 					m_s[g] = m_new;
-					al_s[g] = alpha;
 				}
 			}
 			__syncthreads();
 
 			/* O = O * alpha + P V */
+			{
+				acc_t af;
+
+				wmma::load_matrix_sync(af, al_m, 16, wmma::mem_row_major);
+#pragma unroll
+				for (int ci = 0; ci < NCT; ci++)
+#pragma unroll
+					for (int e = 0; e < acc_t::num_elements; e++)
+						acc[ci].x[e] *= af.x[e];
+			}
 #pragma unroll
 			for (int ci = 0; ci < NCT; ci++) {
 				const int ct = warp + ci * TC_WARPS;
 
 				if (ct >= D / 16)
 					break;
-#pragma unroll
-				for (int e = 0; e < acc_t::num_elements; e++)
-					acc[ci].x[e] *= al_s[rowmap[e]];
 #pragma unroll
 				for (int ks = 0; ks < TP / 16; ks++) {
 					wmma::fragment<wmma::matrix_a, 16, 16, 16, __half,
@@ -674,26 +737,30 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct at
 		for (int i = tid; i < G * (D + 2); i += TC_THREADS) {
 			const int g = i / (D + 2), j = i - g * (D + 2);
 			const int h = kvh * G + g;
-			float *pp = a.part +
-				    (((size_t)tok * a.n_heads + h) * a.nsplit + split) * (D + 2);
+			float *pp = a.part + (((size_t)tok * a.n_heads + h) * a.nsplit + split) *
+						     ATTN_PR(D);
 
 			/* the merge works in natural-log units */
-			pp[j] = j == 0 ? m_s[g] * 0.6931471805599453f :
-				j == 1 ? l_s[g] : o_s[g * OS + j - 2] * a.v_mul;
+			pp[j] = j == D ? m_s[g] * 0.6931471805599453f :
+				j == D + 1 ? l_s[g] : o_s[g * OS + j] * a.v_mul;
 		}
 	}
 }
 
 /* Queues the tensor-core kernel (and the merge when split). -ENOSPC: the shape does not
  * fit this device; the caller falls back. */
-template <int D, bool FP8, int TP>
+template <int D, bool FP8, int TP, int NPF>
 static int attn_tc_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens, int max_pos)
 {
 	/* per process: the first device's answers (a process drives one kind of GPU) */
-	static int resident = -1;
+	/* per device: the shared-memory attribute must be set on each GPU (tensor parallelism
+	 * drives several from one process); slot = resident blocks + 1, 0 until known */
+	static int resident_of[64];
+	int &slot = resident_of[c->device & 63];
+	int resident = slot - 1;
 	const size_t smem = tcl<D, TP>::bytes;
 	const long blocks = (long)n_tokens * a.n_kv;
-	const size_t per_split = (size_t)n_tokens * a.n_heads * (D + 2) * sizeof(float);
+	const size_t per_split = (size_t)n_tokens * a.n_heads * ATTN_PR(D) * sizeof(float);
 	int nsplit = 1;
 
 	if (a.group > 16 || smem > c->smem_optin)
@@ -702,14 +769,15 @@ static int attn_tc_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens
 		int r = 0;
 
 		if (SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
-						    attn_tc_kernel<D, FP8, TP>,
+						    attn_tc_kernel<D, FP8, TP, NPF>,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,
 						    (int)smem)) ||
 		    SM70_CUDA_CHECK(&c->be, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-						    &r, attn_tc_kernel<D, FP8, TP>, TC_THREADS,
+						    &r, attn_tc_kernel<D, FP8, TP, NPF>, TC_THREADS,
 						    smem)))
 			return -EIO;
 		resident = r;
+		slot = r + 1;
 	}
 	if (resident < 1)
 		return -ENOSPC;
@@ -730,27 +798,24 @@ static int attn_tc_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens
 	a.chunk = (a.chunk + TP - 1) / TP * TP;
 	a.nsplit = (max_pos + a.chunk - 1) / a.chunk;
 	a.part = c->attn_part;
-	attn_tc_kernel<D, FP8, TP><<<dim3((unsigned)blocks, a.nsplit), TC_THREADS, smem,
-				     c->stream>>>(a);
+	attn_tc_kernel<D, FP8, TP, NPF><<<dim3((unsigned)blocks, a.nsplit), TC_THREADS, smem,
+					  c->stream>>>(a);
 	if (SM70_CUDA_LAUNCHED(&c->be, "attn_tc_kernel"))
 		return -EIO;
-	if (a.nsplit > 1) {
-		attn_merge_kernel<<<n_tokens * a.n_heads, (D + 31) / 32 * 32, 0, c->stream>>>(
-			a.out, a.part, a.nsplit, D);
-		if (SM70_CUDA_LAUNCHED(&c->be, "attn_merge_kernel"))
-			return -EIO;
-	}
+	if (a.nsplit > 1)
+		return attn_merge_launch(c, a, n_tokens, D);
 	return 0;
 }
 
-/* 64-position tiles; 32 for head_dim 256 where shared memory is small (before sm_80). */
+/* 64-position tiles, FP8 two tiles ahead; 32 for head_dim 256 where shared memory is
+ * small (before sm_80). */
 template <int D, bool FP8>
 static int attn_tc_pick(struct sm70__cuda *c, const struct attn_args &a, int n_tokens,
 			int max_pos)
 {
 	if (D == 256 && tcl<256, 64>::bytes > c->smem_optin)
-		return attn_tc_launch<256, FP8, 32>(c, a, n_tokens, max_pos);
-	return attn_tc_launch<D, FP8, 64>(c, a, n_tokens, max_pos);
+		return attn_tc_launch<256, FP8, 32, FP8 ? 4 : 2>(c, a, n_tokens, max_pos);
+	return attn_tc_launch<D, FP8, 64, FP8 ? 2 : 1>(c, a, n_tokens, max_pos);
 }
 
 /* ---- prefill path ------------------------------------------------------------------ */

@@ -100,6 +100,45 @@ static inline int sm70__cublas_check(struct sm70_backend *be, cublasStatus_t s,
 #define SM70_CUDA_LAUNCHED(be, kernel) \
 	sm70__cuda_check((be), cudaGetLastError(), "launch " kernel, __FILE__, __LINE__)
 
+/* f32 -> e4m3 with RNE and saturation; mirrors sm70_f32_to_e4m3. */
+static __device__ __forceinline__ uint8_t sm70__f32_to_e4m3(float f)
+{
+	uint32_t u = __float_as_uint(f);
+	uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+	uint32_t a = u & 0x7fffffffu;
+
+	if (a > 0x7f800000u)
+		return 0x7f;
+	if (__uint_as_float(a) >= 448.0f)
+		return sign | 0x7e;
+	if (a < 0x3c800000u) {
+		/* below 2^-6: steps of 2^-9; a * 2^9 is exact, rintf rounds half to even */
+		return sign | (uint8_t)rintf(__uint_as_float(a) * 512.0f);
+	}
+	{
+		/* normal: keep 3 mantissa bits, RNE on the 20 dropped; a carry moves into
+		 * the exponent, which the code arithmetic below absorbs */
+		int e = (int)(a >> 23) - 127;
+		uint32_t m = a & 0x7fffffu;
+		uint32_t q = 8u + (m >> 20);
+		uint32_t rest = m & 0xfffffu;
+		uint32_t code;
+
+		if (rest > 0x80000u || (rest == 0x80000u && (q & 1u)))
+			q++;
+		code = (uint32_t)((e + 7) << 3) + (q - 8u);
+		if (code > 0x7e)
+			code = 0x7e;
+		return sign | (uint8_t)code;
+	}
+}
+
+/* Defined in matmul.cu (the kernel's home), used by silu_matmul.cu: y [n, rows] f16 =
+ * silu(g) * u of gate_up [n, 2 * cols] times W^T; 1 <= n <= 16, cols % 8 == 0, gate_up and
+ * w 16-byte aligned. Queues on c's stream. */
+void sm70__cuda_gemv_tc_silu(struct sm70__cuda *c, __half *y, const __half *gate_up,
+			     const __half *w, int rows, int cols, int n);
+
 /* Sum and max over the 32 lanes of a warp; every lane gets the result. */
 static __device__ __forceinline__ float sm70__warp_sum(float v)
 {

@@ -3,9 +3,11 @@
  *
  * The model captures a decode step (forward + sampling) once per padded batch size and
  * context bucket and replays it afterwards: one launch instead of hundreds, which is most
- * of a small-batch step's host overhead. Capture is thread-local so other threads' CUDA
- * calls are not disturbed; cuBLAS must have a fixed workspace (set at backend create) so
- * it allocates nothing while captured.
+ * of a small-batch step's host overhead. Capture is in relaxed mode: with tensor
+ * parallelism one thread captures every rank's stream at once and must end and
+ * instantiate one rank's graph while the next rank's stream is still capturing, which the
+ * stricter modes forbid. Nothing in the op stream allocates or synchronises, and cuBLAS
+ * has a fixed workspace (set at backend create) so it allocates nothing while captured.
  */
 #include "kernels/cuda/cuda_check.h"
 
@@ -16,7 +18,7 @@ extern "C" int sm70__cuda_graph_begin(struct sm70_backend *be)
 	if (c->sticky)
 		return c->sticky;
 	return SM70_CUDA_CHECK(be, cudaStreamBeginCapture(c->stream,
-							   cudaStreamCaptureModeThreadLocal));
+							   cudaStreamCaptureModeRelaxed));
 }
 
 extern "C" int sm70__cuda_graph_end(struct sm70_backend *be, void **graph)

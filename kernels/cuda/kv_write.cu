@@ -12,38 +12,6 @@
  */
 #include "kernels/cuda/cuda_check.h"
 
-/* f32 -> e4m3 with RNE and saturation; mirrors sm70_f32_to_e4m3. */
-static __device__ __forceinline__ uint8_t f32_to_e4m3(float f)
-{
-	uint32_t u = __float_as_uint(f);
-	uint8_t sign = (uint8_t)((u >> 24) & 0x80);
-	uint32_t a = u & 0x7fffffffu;
-
-	if (a > 0x7f800000u)
-		return 0x7f;
-	if (__uint_as_float(a) >= 448.0f)
-		return sign | 0x7e;
-	if (a < 0x3c800000u) {
-		/* below 2^-6: steps of 2^-9; a * 2^9 is exact, rintf rounds half to even */
-		return sign | (uint8_t)rintf(__uint_as_float(a) * 512.0f);
-	}
-	{
-		/* normal: keep 3 mantissa bits, RNE on the 20 dropped; a carry moves into
-		 * the exponent, which the code arithmetic below absorbs */
-		int e = (int)(a >> 23) - 127;
-		uint32_t m = a & 0x7fffffu;
-		uint32_t q = 8u + (m >> 20);
-		uint32_t rest = m & 0xfffffu;
-		uint32_t code;
-
-		if (rest > 0x80000u || (rest == 0x80000u && (q & 1u)))
-			q++;
-		code = (uint32_t)((e + 7) << 3) + (q - 8u);
-		if (code > 0x7e)
-			code = 0x7e;
-		return sign | (uint8_t)code;
-	}
-}
 
 template <bool FP8>
 static __global__ void kv_write_kernel(void *kc, void *vc, const __half *__restrict__ k,
@@ -62,8 +30,10 @@ static __global__ void kv_write_kernel(void *kc, void *vc, const __half *__restr
 		return;
 	for (int d = threadIdx.x; d < row; d += blockDim.x) {
 		if (FP8) {
-			((uint8_t *)kc)[base + d] = f32_to_e4m3(__half2float(ks[d]) / k_scale);
-			((uint8_t *)vc)[base + d] = f32_to_e4m3(__half2float(vs[d]) / v_scale);
+			((uint8_t *)kc)[base + d] =
+				sm70__f32_to_e4m3(__half2float(ks[d]) / k_scale);
+			((uint8_t *)vc)[base + d] =
+				sm70__f32_to_e4m3(__half2float(vs[d]) / v_scale);
 		} else {
 			((__half *)kc)[base + d] = ks[d];
 			((__half *)vc)[base + d] = vs[d];

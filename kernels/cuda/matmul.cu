@@ -19,6 +19,9 @@
  * - SM70_MATMUL=reference: one thread per output element, a plain dot product; the named
  *   path back when the fast paths are suspect.
  *
+ * The tensor-core kernel also serves silu_matmul.cu (sm70__cuda_gemv_tc_silu): the same
+ * tiles with x = silu(gate) * up made while each step is staged.
+ *
  * Non-goals: quantised weights; split-K across blocks (the grid is sized by rows alone,
  * which fills an H200 from 4096 rows on).
  */
@@ -222,13 +225,43 @@ template <int MT> struct tc_warp {
 	static constexpr size_t bytes = (size_t)(16 * MT + 16) * TC_LD * sizeof(__half);
 };
 
+/* x[k] = silu(g[k]) * u[k] for 8 packed halves, rounded to f16 with silu_mul.cu's very
+ * expression (PyTorch's x / (1 + exp(-x)) in f32), so a fused x tile holds the bits the
+ * separate silu_mul op would have written. Zeros (padding) give +0. */
+static __device__ __forceinline__ uint4 silu_mul8(uint4 g, uint4 u)
+{
+	union {
+		uint4 v;
+		__half h[8];
+	} gg, uu, r;
+
+	gg.v = g;
+	uu.v = u;
+#pragma unroll
+	for (int j = 0; j < 8; j++) {
+		float a = __half2float(gg.h[j]);
+
+		r.h[j] = __float2half_rn((a / (1.0f + expf(-a))) * __half2float(uu.h[j]));
+	}
+	return r.v;
+}
+
 /*
  * MT 16-row tiles per warp, NI = ceil(n / 4) x row groups loaded, WARPS splitting the
- * columns, PF steps loaded ahead in registers. Lane l loads 16 bytes (8 columns, chunk l % 8) of rows l / 8 + 4 i of the band
- * and of x, so a warp's load instruction reads four full 128-byte lines.
+ * columns, PF steps loaded ahead in registers. Lane l loads 16 bytes (8 columns, chunk
+ * l % 8) of rows l / 8 + 4 i of the band and of x, so a warp's load instruction reads four
+ * full 128-byte lines.
+ *
+ * SILU (silu_matmul.cu): x is gate_up [n, 2 * cols], gate then up in each row; both halves
+ * are loaded ahead like x and combined by silu_mul8 only when the step is staged, so the
+ * loads stay in flight and the tile, the tiles' order and the sums are the plain kernel's.
+ * The up halves cost 4 * NI * PF more registers, so SILU runs with MT = 1 only, PF = 3 only
+ * at NI = 1, and one block an SM at NI = 4 (145 registers on sm_90; capped at 128 it
+ * spills).
  */
-template <int MT, int NI, int WARPS, int PF>
-static __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 2 : NI >= 3 ? 1 : 2)
+template <int MT, int NI, int WARPS, int PF, bool SILU>
+static __global__ void __launch_bounds__(WARPS * 32,
+					 MT == 1 ? (SILU && NI >= 4 ? 1 : 2) : NI >= 3 ? 1 : 2)
 	gemv_tc_kernel(void *__restrict__ y, int y_f32, const __half *__restrict__ x,
 		       const __half *__restrict__ w, int rows, int cols, int n)
 {
@@ -239,11 +272,13 @@ static __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 2 : NI >= 3 ? 1 :
 	const int r0 = blockIdx.x * 16 * MT;
 	const int nsteps = (cols + TC_KS - 1) / TC_KS;
 	const int s0 = warp * nsteps / WARPS, s1 = (warp + 1) * nsteps / WARPS;
+	const size_t ldx = SILU ? 2 * (size_t)cols : (size_t)cols; /* x row stride */
 	__half *ws = (__half *)(tc_smem + warp * tc_warp<MT>::bytes);
 	__half *xs = ws + 16 * MT * TC_LD;
 	const __half *wp[4 * MT];
 	wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[MT];
-	uint4 wr[PF][4 * MT], xr[PF][NI];
+	/* xu: the up halves (SILU only; a dead array otherwise) */
+	uint4 wr[PF][4 * MT], xr[PF][NI], xu[SILU ? PF : 1][SILU ? NI : 1];
 
 #pragma unroll
 	for (int i = 0; i < 4 * MT; i++) {
@@ -261,7 +296,25 @@ static __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 2 : NI >= 3 ? 1 :
 
 	/* Loads of step s into register slot d; columns past the end and x rows past n read
 	 * as zero. */
-#define TC_ISSUE(d, s)                                                                   	do {                                                                             		const int k_ = (s) * TC_KS + chunk * 8;                                  		const bool in_ = k_ < cols;                                              		_Pragma("unroll") for (int i = 0; i < 4 * MT; i++) wr[d][i] =           			in_ ? __ldg((const uint4 *)(wp[i] + (s) * TC_KS)) :              			      make_uint4(0, 0, 0, 0);                                    		_Pragma("unroll") for (int i = 0; i < NI; i++) {                         			const int j_ = sub + 4 * i;                                      			xr[d][i] = in_ && j_ < n ?                                       					   __ldg((const uint4 *)(x + (size_t)j_ * cols + k_)) : 					   make_uint4(0, 0, 0, 0);                       		}                                                                        	} while (0)
+#define TC_ISSUE(d, s)                                                                   \
+	do {                                                                             \
+		const int k_ = (s) * TC_KS + chunk * 8;                                  \
+		const bool in_ = k_ < cols;                                              \
+		_Pragma("unroll") for (int i = 0; i < 4 * MT; i++) wr[d][i] =           \
+			in_ ? __ldg((const uint4 *)(wp[i] + (s) * TC_KS)) :              \
+			      make_uint4(0, 0, 0, 0);                                    \
+		_Pragma("unroll") for (int i = 0; i < NI; i++) {                         \
+			const int j_ = sub + 4 * i;                                      \
+			const __half *xp_ = x + (size_t)j_ * ldx + k_;                   \
+			xr[d][i] = in_ && j_ < n ? __ldg((const uint4 *)xp_) :           \
+						   make_uint4(0, 0, 0, 0);               \
+			if (SILU)                                                        \
+				xu[SILU ? d : 0][SILU ? i : 0] =                         \
+					in_ && j_ < n ?                                  \
+						__ldg((const uint4 *)(xp_ + cols)) :     \
+						make_uint4(0, 0, 0, 0);                  \
+		}                                                                        \
+	} while (0)
 
 #pragma unroll
 	for (int d = 0; d < PF; d++)
@@ -277,7 +330,9 @@ static __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 2 : NI >= 3 ? 1 :
 				*(uint4 *)(ws + (sub + 4 * i) * TC_LD + chunk * 8) = wr[d][i];
 #pragma unroll
 			for (int i = 0; i < NI; i++)
-				*(uint4 *)(xs + (sub + 4 * i) * TC_LD + chunk * 8) = xr[d][i];
+				*(uint4 *)(xs + (sub + 4 * i) * TC_LD + chunk * 8) =
+					SILU ? silu_mul8(xr[d][i], xu[SILU ? d : 0][SILU ? i : 0]) :
+					       xr[d][i];
 			if (s + d + PF < s1)
 				TC_ISSUE(d, s + d + PF);
 			__syncwarp();
@@ -328,45 +383,58 @@ static __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 2 : NI >= 3 ? 1 :
 	}
 }
 
-template <int MT, int NI>
+template <int MT, int NI, bool SILU>
 static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
 			   const __half *w, int rows, int cols, int n)
 {
 	/* Three steps ahead when registers allow: a 4096-row matrix gives an SM only two
-	 * blocks, so each warp must keep more bytes in flight. */
-	constexpr int WARPS = 8, PF = MT == 1 && NI <= 2 ? 3 : 2;
-	static int attr_set; /* per process: one kind of GPU */
+	 * blocks, so each warp must keep more bytes in flight. (SILU at NI = 2 would spill.) */
+	constexpr int WARPS = 8, PF = MT == 1 && NI <= (SILU ? 1 : 2) ? 3 : 2;
+	static uint64_t attr_set; /* a bit per device: the attribute is per device */
 	const size_t smem = WARPS * tc_warp<MT>::bytes;
+	const uint64_t bit = 1ull << (c->device & 63);
 
-	if (smem > 48 * 1024 && !attr_set) {
+	if (smem > 48 * 1024 && !(attr_set & bit)) {
 		if (SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
-						    gemv_tc_kernel<MT, NI, WARPS, PF>,
+						    gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,
 						    (int)smem)))
 			return;
-		attr_set = 1;
+		attr_set |= bit;
 	}
-	gemv_tc_kernel<MT, NI, WARPS, PF><<<(rows + 16 * MT - 1) / (16 * MT), WARPS * 32, smem,
-					     c->stream>>>(y, y_f32, x, w, rows, cols, n);
+	gemv_tc_kernel<MT, NI, WARPS, PF, SILU>
+		<<<(rows + 16 * MT - 1) / (16 * MT), WARPS * 32, smem, c->stream>>>(
+			y, y_f32, x, w, rows, cols, n);
 }
 
 /* Two 16-row tiles a warp (half the x re-reads) when that still gives four blocks an SM;
- * one otherwise, so that 4096-row matrices fill the GPU. */
+ * one otherwise, so that 4096-row matrices fill the GPU. SILU: one always (see above). */
+template <bool SILU>
 static void gemv_tc_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
 			     const __half *w, int rows, int cols, int n)
 {
 	const int mt2 = (rows + 31) / 32 >= 4 * c->n_sm;
 
 	switch ((n + 3) / 4 + (mt2 ? 4 : 0)) {
-	case 1: gemv_tc_launch<1, 1>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 2: gemv_tc_launch<1, 2>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 3: gemv_tc_launch<1, 3>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 4: gemv_tc_launch<1, 4>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 5: gemv_tc_launch<2, 1>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 6: gemv_tc_launch<2, 2>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 7: gemv_tc_launch<2, 3>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 8: gemv_tc_launch<2, 4>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 1: gemv_tc_launch<1, 1, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 2: gemv_tc_launch<1, 2, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 3: gemv_tc_launch<1, 3, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 4: gemv_tc_launch<1, 4, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 5: gemv_tc_launch<SILU ? 1 : 2, 1, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 6: gemv_tc_launch<SILU ? 1 : 2, 2, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 7: gemv_tc_launch<SILU ? 1 : 2, 3, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 8: gemv_tc_launch<SILU ? 1 : 2, 4, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
 	}
+}
+
+/* See silu_matmul.cu, which declares it: y [n, rows] f16 = x W^T with x = silu(g) * u of
+ * gate_up [n, 2 * cols] rounded to f16, on the tensor-core kernel above. Requires
+ * 1 <= n <= 16, cols % 8 == 0 and 16-byte aligned gate_up and W. Queues on c's stream;
+ * the caller checks the launch. */
+void sm70__cuda_gemv_tc_silu(struct sm70__cuda *c, __half *y, const __half *gate_up,
+			     const __half *w, int rows, int cols, int n)
+{
+	gemv_tc_dispatch<true>(c, y, 0, gate_up, w, rows, cols, n);
 }
 
 /* SM70_MATMUL=simt keeps decode on the fp32-FMA skinny kernel (for comparison); read once. */
@@ -408,7 +476,7 @@ extern "C" void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, c
 			      ((uintptr_t)w->data & 15) == 0;
 
 		if (aligned && !want_simt()) {
-			gemv_tc_dispatch(c, y, y_f32, xh, wh, rows, cols, n);
+			gemv_tc_dispatch<false>(c, y, y_f32, xh, wh, rows, cols, n);
 			SM70_CUDA_LAUNCHED(be, "gemv_tc_kernel");
 			return;
 		}

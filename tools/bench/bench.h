@@ -16,4 +16,8 @@ int sm70__bench_ipc(int argc, char **argv);
  * contexts, with the fraction of the weights+KV read roofline (decode.c). */
 int sm70__bench_decode(int argc, char **argv);
 
+/* `sm70-bench allreduce`: all-reduce latency per call on the decode message sizes, the
+ * one-shot peer-to-peer path against NCCL (tools/bench/allreduce.c). */
+int sm70__bench_allreduce(int argc, char **argv);
+
 #endif

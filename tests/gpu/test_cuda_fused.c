@@ -1,0 +1,670 @@
+/* test_cuda_fused - the fused CUDA ops (qk_norm_rope_kv, silu_matmul) against the CPU
+ * backend's separate ops and against the CUDA backend's own unfused ops. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/dtype.h"
+#include "kernels/backend.h"
+
+/*
+ * Against the CPU (fp32 throughout) errors are max |got - ref| over max |ref| ("rel"), as in
+ * test_cuda_ops.c. Against the unfused CUDA ops, which do the same arithmetic, values are
+ * compared as codes: the ordered distance between f16 (or FP8) bit patterns, in ulps; the
+ * fused ops are built to give 0, the assertion allows 1.
+ */
+#define TOL_ROPE 2e-3     /* f16 out; angles up to 4000 rad through two libms */
+#define TOL_SILU_MM 2e-3  /* x rounded to f16 on the GPU only (2^-11 each, mostly averaging
+			   * out), y rounded to f16 (<= 4.9e-4 of the max), fp32 order */
+#define TOL_F16_OUT 1.5e-3 /* the same f16 x, sums in another order, y rounded to f16 */
+#define TOL_ULP 1         /* fused vs unfused CUDA: codes at most this far apart */
+
+static struct sm70_backend *gpu, *gpu_ref, *cpu;
+
+/* ---- helpers ----------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0xf05edc0de5eedULL;
+
+static uint64_t rng_next(void)
+{
+	/* splitmix64: the same sequence on every machine */
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* uniform in [-amp, amp) */
+static float rnd(float amp)
+{
+	return (float)((double)(rng_next() >> 11) * 0x1p-53 * 2.0 - 1.0) * amp;
+}
+
+static int rnd_int(int n)
+{
+	return (int)(rng_next() % (uint64_t)n);
+}
+
+static float *fvec(size_t n)
+{
+	float *p = calloc(n ? n : 1, sizeof(float));
+
+	assert_non_null(p);
+	return p;
+}
+
+/* n random values in [-amp, amp) that are exact in f16, so both backends start equal */
+static float *rvec16(size_t n, float amp)
+{
+	float *p = fvec(n);
+
+	for (size_t i = 0; i < n; i++)
+		p[i] = sm70_f16_to_f32(sm70_f32_to_f16(rnd(amp)));
+	return p;
+}
+
+static void *balloc(struct sm70_backend *be, size_t bytes)
+{
+	void *p = be->ops->buf_alloc(be, bytes);
+
+	assert_non_null(p);
+	return p;
+}
+
+static void bfree(struct sm70_backend *be, void *p)
+{
+	be->ops->buf_free(be, p);
+}
+
+static void *up_bytes(struct sm70_backend *be, const void *src, size_t bytes)
+{
+	void *p = balloc(be, bytes);
+
+	assert_int_equal(be->ops->upload(be, p, src, bytes), 0);
+	return p;
+}
+
+static void get_bytes(struct sm70_backend *be, void *dst, const void *src, size_t bytes)
+{
+	assert_int_equal(be->ops->download(be, dst, src, bytes), 0);
+}
+
+/* A backend copy of n floats in its act dtype (f32 on the CPU, f16 on CUDA). */
+static void *up_act(struct sm70_backend *be, const float *v, size_t n)
+{
+	uint16_t *h;
+	void *p;
+
+	if (be->act_dtype == SM70_DTYPE_F32)
+		return up_bytes(be, v, n * sizeof(float));
+	h = malloc((n ? n : 1) * sizeof(*h));
+	assert_non_null(h);
+	for (size_t i = 0; i < n; i++)
+		h[i] = sm70_f32_to_f16(v[i]);
+	p = up_bytes(be, h, n * sizeof(*h));
+	free(h);
+	return p;
+}
+
+/* n act values of a backend buffer as floats */
+static void get_act(struct sm70_backend *be, float *dst, const void *src, size_t n)
+{
+	uint16_t *h;
+
+	if (be->act_dtype == SM70_DTYPE_F32) {
+		get_bytes(be, dst, src, n * sizeof(float));
+		return;
+	}
+	h = malloc((n ? n : 1) * sizeof(*h));
+	assert_non_null(h);
+	get_bytes(be, h, src, n * sizeof(*h));
+	for (size_t i = 0; i < n; i++)
+		dst[i] = sm70_f16_to_f32(h[i]);
+	free(h);
+}
+
+/* n raw f16 codes of a CUDA buffer (caller frees) */
+static uint16_t *get_f16_codes(struct sm70_backend *be, const void *src, size_t n)
+{
+	uint16_t *h = malloc((n ? n : 1) * sizeof(*h));
+
+	assert_non_null(h);
+	get_bytes(be, h, src, n * sizeof(*h));
+	return h;
+}
+
+/* A weight on a backend, stored f16 (CUDA's weight_dtype; the CPU reads f16 too). */
+static struct sm70_weight mk_weight(struct sm70_backend *be, const float *v, int rows, int cols)
+{
+	struct sm70_weight w = { SM70_DTYPE_F16, rows, cols, NULL };
+	size_t n = (size_t)rows * cols;
+	uint16_t *h = malloc((n ? n : 1) * sizeof(*h));
+
+	assert_non_null(h);
+	for (size_t i = 0; i < n; i++)
+		h[i] = sm70_f32_to_f16(v[i]);
+	w.data = up_bytes(be, h, n * sizeof(*h));
+	free(h);
+	return w;
+}
+
+/* Prints and checks max |got - ref| / max |ref| <= tol. */
+static void compare(const char *what, const float *got, const float *ref, size_t n, double tol)
+{
+	double max_abs = 0.0, max_ref = 0.0, rel;
+	size_t worst = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		double a = fabs((double)got[i] - (double)ref[i]);
+
+		if (isnan(got[i]) != isnan(ref[i]))
+			a = INFINITY;
+		if (a > max_abs || (isinf(a) && !isinf(max_abs))) {
+			max_abs = a;
+			worst = i;
+		}
+		if (fabs((double)ref[i]) > max_ref)
+			max_ref = fabs((double)ref[i]);
+	}
+	rel = max_ref > 0 ? max_abs / max_ref : max_abs;
+	printf("  %-52s max abs %.3g  rel %.3g  over %zu values (tol %.1g)\n", what, max_abs,
+	       rel, n, tol);
+	if (!(rel <= tol))
+		printf("  worst at %zu: got %.8g ref %.8g\n", worst, got[worst], ref[worst]);
+	assert_true(rel <= tol);
+}
+
+/* f16 and FP8 codes on one ordered integer line (sign-magnitude to two's complement), so
+ * that neighbouring values are one apart and +0 equals -0 */
+static long ord16(uint16_t h)
+{
+	long m = h & 0x7fff;
+
+	return (h & 0x8000) ? -m : m;
+}
+
+static long ord8(uint8_t v)
+{
+	long m = v & 0x7f;
+
+	return (v & 0x80) ? -m : m;
+}
+
+/* Prints and checks that codes got and ref (f16 when !fp8, else FP8 bytes) are at most tol
+ * apart, with how many differ at all. */
+static void compare_codes(const char *what, const void *got, const void *ref, size_t n, int fp8,
+			  long tol)
+{
+	const uint8_t *g8 = got, *r8 = ref;
+	const uint16_t *g16 = got, *r16 = ref;
+	long max = 0;
+	size_t n_diff = 0, worst = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		long d = labs(fp8 ? ord8(g8[i]) - ord8(r8[i]) : ord16(g16[i]) - ord16(r16[i]));
+
+		n_diff += d != 0;
+		if (d > max) {
+			max = d;
+			worst = i;
+		}
+	}
+	printf("  %-52s max %ld %s apart, %zu of %zu differ (tol %ld)\n", what, max,
+	       fp8 ? "fp8 codes" : "f16 ulps", n_diff, n, tol);
+	if (max > tol)
+		printf("  worst at %zu: got 0x%x ref 0x%x\n", worst,
+		       (unsigned)(fp8 ? g8[worst] : g16[worst]),
+		       (unsigned)(fp8 ? r8[worst] : r16[worst]));
+	assert_true(max <= tol);
+}
+
+/* The value of cache element i (f16 or FP8 times scale). */
+static float cache_val(const uint8_t *c, size_t i, int fp8, float scale)
+{
+	uint16_t h;
+
+	if (fp8)
+		return sm70_e4m3_to_f32(c[i]) * scale;
+	memcpy(&h, c + 2 * i, 2);
+	return sm70_f16_to_f32(h);
+}
+
+/*
+ * A cache written from GPU values against one written from CPU values that agree within
+ * tol_rel (of the largest): each element must be within tol_rel * max |ref| or one code of
+ * the cache dtype away (rounding to f16 or FP8 may land on either side of a tie point).
+ */
+static void compare_cache(const char *what, const uint8_t *got, const uint8_t *ref, size_t n,
+			  int fp8, float scale, double tol_rel)
+{
+	double max_ref = 0.0, max_abs = 0.0, slack;
+	long max_codes = 0;
+	size_t n_diff = 0, n_bad = 0;
+
+	for (size_t i = 0; i < n; i++)
+		max_ref = fmax(max_ref, fabs((double)cache_val(ref, i, fp8, scale)));
+	slack = tol_rel * max_ref;
+	for (size_t i = 0; i < n; i++) {
+		double a = fabs((double)cache_val(got, i, fp8, scale) -
+				(double)cache_val(ref, i, fp8, scale));
+		long d;
+
+		if (fp8) {
+			d = labs(ord8(got[i]) - ord8(ref[i]));
+		} else {
+			uint16_t g, r;
+
+			memcpy(&g, got + 2 * i, 2);
+			memcpy(&r, ref + 2 * i, 2);
+			d = labs(ord16(g) - ord16(r));
+		}
+		n_diff += d != 0;
+		max_codes = d > max_codes ? d : max_codes;
+		max_abs = a > max_abs ? a : max_abs;
+		n_bad += !(a <= slack || d <= 1);
+	}
+	printf("  %-52s max abs %.3g  rel %.3g  max %ld codes apart, %zu of %zu differ "
+	       "(tol: 1 code or rel %.1g)\n", what, max_abs, max_ref > 0 ? max_abs / max_ref : 0.0,
+	       max_codes, n_diff, n, tol_rel);
+	assert_int_equal(n_bad, 0);
+}
+
+/* ---- qk_norm_rope_kv --------------------------------------------------------------- */
+
+struct qk_case {
+	int D;     /* head_dim */
+	int n_kv;  /* KV heads */
+	int group; /* q heads per KV head */
+	int rot;   /* rot_dim */
+	int n;     /* rows */
+	int fp8;   /* FP8 cache, else f16 */
+	int bs;    /* block_size */
+	int norm;  /* q_norm / k_norm given, else NULL */
+	int pad;   /* elements past the heads in each row (ld - heads * D) */
+};
+
+/* What each backend holds for one case. */
+struct qk_bufs {
+	void *qkv, *qn, *kn, *pos, *slots;
+	struct sm70_kv_layer kv;
+};
+
+static void qk_bufs_make(struct qk_bufs *b, struct sm70_backend *be, const float *qkv,
+			 size_t cnt, const float *qn, const float *kn, int D, const int32_t *pos,
+			 const int32_t *slots, int n, size_t cache_bytes, float k_scale,
+			 float v_scale)
+{
+	b->qkv = up_act(be, qkv, cnt);
+	b->qn = qn ? up_bytes(be, qn, (size_t)D * sizeof(float)) : NULL;
+	b->kn = kn ? up_bytes(be, kn, (size_t)D * sizeof(float)) : NULL;
+	b->pos = up_bytes(be, pos, (size_t)n * sizeof(*pos));
+	b->slots = up_bytes(be, slots, (size_t)n * sizeof(*slots));
+	/* buf_alloc zeroes: slots no row writes stay zero on every backend */
+	b->kv = (struct sm70_kv_layer){ balloc(be, cache_bytes), balloc(be, cache_bytes), k_scale,
+					v_scale };
+}
+
+static void qk_bufs_free(struct qk_bufs *b, struct sm70_backend *be)
+{
+	bfree(be, b->kv.v), bfree(be, b->kv.k), bfree(be, b->slots), bfree(be, b->pos);
+	if (b->kn)
+		bfree(be, b->kn);
+	if (b->qn)
+		bfree(be, b->qn);
+	bfree(be, b->qkv);
+}
+
+/* The unfused sequence the model runs with SM70_FUSED=0: q heads, k heads, then the cache. */
+static void qk_unfused(struct sm70_backend *be, struct qk_bufs *b, const struct qk_case *t,
+		       int ld, const struct sm70_kv_layout *lay, double theta, float eps)
+{
+	const size_t esz = be->act_dtype == SM70_DTYPE_F32 ? 4 : 2;
+	const int hq = t->n_kv * t->group;
+	char *base = b->qkv;
+
+	be->ops->head_norm_rope(be, base, ld, t->n, hq, t->D, b->qn, eps, b->pos, t->rot, theta);
+	be->ops->head_norm_rope(be, base + (size_t)hq * t->D * esz, ld, t->n, t->n_kv, t->D,
+				b->kn, eps, b->pos, t->rot, theta);
+	be->ops->kv_write(be, &b->kv, lay, base + (size_t)hq * t->D * esz,
+			  base + (size_t)(hq + t->n_kv) * t->D * esz, ld, b->slots, t->n);
+}
+
+/*
+ * One case: the CPU's separate ops, the CUDA backend's separate ops and its fused op on the
+ * same inputs. v_special, when non-NULL, replaces every row's V heads (n_kv * D values).
+ */
+static void qk_case_run(const struct qk_case *t, const float *v_special, float v_scale)
+{
+	const int hq = t->n_kv * t->group, row = t->n_kv * t->D;
+	const int ld = (hq + 2 * t->n_kv) * t->D + t->pad;
+	const double theta = 1e6;
+	const float eps = 1e-6f, k_scale = 0.02f;
+	const int n_blocks = (2 * t->n + t->bs - 1) / t->bs + 1;
+	const int n_slots = n_blocks * t->bs;
+	struct sm70_kv_layout lay = { t->fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, n_blocks, t->bs,
+				      t->n_kv, t->D };
+	const size_t esz = t->fp8 ? 1 : 2, cnt = (size_t)t->n * ld;
+	const size_t cache_vals = (size_t)n_slots * row, cache_bytes = cache_vals * esz;
+	float *qkv = rvec16(cnt, 2.0f), *qn = NULL, *kn = NULL;
+	float *oc = fvec(cnt), *of = fvec(cnt);
+	int32_t *pos = malloc((size_t)t->n * sizeof(*pos));
+	int32_t *slots = malloc((size_t)t->n * sizeof(*slots));
+	int32_t *perm = malloc((size_t)n_slots * sizeof(*perm));
+	uint8_t *cache[3][2]; /* [cpu, unfused, fused][k, v] */
+	uint16_t *qf, *qu;
+	struct qk_bufs bc, bu, bf;
+	char what[160], tag[96];
+
+	assert_true(pos && slots && perm);
+	if (t->norm) {
+		qn = fvec(t->D);
+		kn = fvec(t->D);
+		for (int k = 0; k < t->D; k++) {
+			qn[k] = 1.0f + rnd(0.3f);
+			kn[k] = 1.0f + rnd(0.3f);
+		}
+	}
+	for (int i = 0; i < t->n; i++) {
+		pos[i] = i == 0 ? 4000 : rnd_int(4096);
+		if (v_special)
+			memcpy(qkv + (size_t)i * ld + (size_t)(hq + t->n_kv) * t->D, v_special,
+			       (size_t)row * sizeof(float));
+	}
+	/* V values beyond the FP8 range saturate; a zero and a tie-free small value too */
+	if (!v_special) {
+		qkv[(size_t)(hq + t->n_kv) * t->D] = 1000.0f;
+		qkv[(size_t)(hq + t->n_kv) * t->D + 1] = -1000.0f;
+		qkv[(size_t)(hq + t->n_kv) * t->D + 2] = 0.0f;
+	}
+	/* scattered slots: a random injection into the cache, with a padding row (-1) and
+	 * one past the cache, which both ops skip */
+	for (int i = 0; i < n_slots; i++)
+		perm[i] = i;
+	for (int i = n_slots - 1; i > 0; i--) {
+		int j = rnd_int(i + 1), x = perm[i];
+
+		perm[i] = perm[j];
+		perm[j] = x;
+	}
+	for (int i = 0; i < t->n; i++)
+		slots[i] = perm[i];
+	if (t->n >= 3) {
+		slots[1] = -1;
+		slots[2] = n_slots + 3;
+	}
+
+	qk_bufs_make(&bc, cpu, qkv, cnt, qn, kn, t->D, pos, slots, t->n, cache_bytes, k_scale,
+		     v_scale);
+	qk_bufs_make(&bu, gpu, qkv, cnt, qn, kn, t->D, pos, slots, t->n, cache_bytes, k_scale,
+		     v_scale);
+	qk_bufs_make(&bf, gpu, qkv, cnt, qn, kn, t->D, pos, slots, t->n, cache_bytes, k_scale,
+		     v_scale);
+	qk_unfused(cpu, &bc, t, ld, &lay, theta, eps);
+	qk_unfused(gpu, &bu, t, ld, &lay, theta, eps);
+	gpu->ops->qk_norm_rope_kv(gpu, bf.qkv, ld, t->n, hq, t->n_kv, t->D, bf.qn, bf.kn, eps,
+				  bf.pos, t->rot, theta, &bf.kv, &lay, bf.slots);
+
+	get_act(cpu, oc, bc.qkv, cnt);
+	get_act(gpu, of, bf.qkv, cnt);
+	qf = get_f16_codes(gpu, bf.qkv, cnt);
+	qu = get_f16_codes(gpu, bu.qkv, cnt);
+	for (int s = 0; s < 3; s++) {
+		struct qk_bufs *b = s == 0 ? &bc : s == 1 ? &bu : &bf;
+		struct sm70_backend *be = s == 0 ? cpu : gpu;
+
+		for (int kv = 0; kv < 2; kv++) {
+			cache[s][kv] = malloc(cache_bytes);
+			assert_non_null(cache[s][kv]);
+			get_bytes(be, cache[s][kv], kv ? b->kv.v : b->kv.k, cache_bytes);
+		}
+	}
+
+	snprintf(tag, sizeof(tag), "D=%d hq=%d hkv=%d rot=%d n=%d %s bs=%d%s%s", t->D, hq,
+		 t->n_kv, t->rot, t->n, t->fp8 ? "fp8" : "f16", t->bs, t->norm ? "" : " no-norm",
+		 t->pad ? " padded" : "");
+	printf(" qk_norm_rope_kv %s\n", tag);
+	/* q and k heads against the CPU's rotation; V and the padding must come back as
+	 * they went in (split, so that the saturating V values do not set the scale) */
+	{
+		const size_t nqk = (size_t)(hq + t->n_kv) * t->D, nrest = (size_t)ld - nqk;
+		float *qkf = fvec(t->n * nqk), *qkc = fvec(t->n * nqk);
+		float *rf = fvec(t->n * nrest), *rc = fvec(t->n * nrest);
+
+		for (int i = 0; i < t->n; i++) {
+			memcpy(qkf + i * nqk, of + (size_t)i * ld, nqk * sizeof(float));
+			memcpy(qkc + i * nqk, oc + (size_t)i * ld, nqk * sizeof(float));
+			memcpy(rf + i * nrest, of + (size_t)i * ld + nqk, nrest * sizeof(float));
+			memcpy(rc + i * nrest, oc + (size_t)i * ld + nqk, nrest * sizeof(float));
+		}
+		compare("q, k heads fused vs cpu", qkf, qkc, t->n * nqk, TOL_ROPE);
+		compare("v heads + padding fused vs cpu (untouched)", rf, rc, t->n * nrest, 0.0);
+		free(rc), free(rf), free(qkc), free(qkf);
+	}
+	compare_codes("qkv fused vs unfused cuda", qf, qu, cnt, 0, TOL_ULP);
+	compare_codes("K cache fused vs unfused cuda", cache[2][0], cache[1][0], cache_vals,
+		      t->fp8, TOL_ULP);
+	compare_codes("V cache fused vs unfused cuda", cache[2][1], cache[1][1], cache_vals,
+		      t->fp8, TOL_ULP);
+	compare_cache("K cache fused vs cpu", cache[2][0], cache[0][0], cache_vals, t->fp8,
+		      k_scale, TOL_ROPE);
+	/* V is the input copied (f16) or encoded from the same f16 value: byte-identical */
+	snprintf(what, sizeof(what), "V cache fused vs cpu (%zu bytes, tol 0 differing)",
+		 cache_bytes);
+	compare_codes(what, cache[2][1], cache[0][1], cache_vals, t->fp8, 0);
+
+	for (int s = 0; s < 3; s++)
+		free(cache[s][0]), free(cache[s][1]);
+	qk_bufs_free(&bf, gpu), qk_bufs_free(&bu, gpu), qk_bufs_free(&bc, cpu);
+	free(qu), free(qf), free(perm), free(slots), free(pos);
+	free(of), free(oc), free(kn), free(qn), free(qkv);
+}
+
+static void test_qk_norm_rope_kv(void **state)
+{
+	const int hds[] = { 64, 128, 256 }, ns[] = { 1, 3, 16, 37 };
+	const int kvs[] = { 1, 2, 4, 8, 3 };
+	int k = 0;
+
+	assert_non_null(gpu->ops->qk_norm_rope_kv);
+	/* Every head_dim x row count x cache dtype, with the rest cycling through its values
+	 * so that every GQA width 1..8, both block sizes with both dtypes, a partial rotary
+	 * (rot_dim < head_dim, twice, once without norm: k copied past rot_dim as is), no
+	 * rotary at all, no norm and padded rows all occur. */
+	for (int hi = 0; hi < 3; hi++) {
+		for (int ni = 0; ni < 4; ni++) {
+			for (int fp8 = 0; fp8 < 2; fp8++, k++) {
+				const int D = hds[hi];
+				struct qk_case t = {
+					.D = D, .n_kv = kvs[k % 5], .group = 1 + k % 8,
+					.rot = k == 5 ? D / 2 : k == 18 ? D / 4 + 2 :
+					       k == 11 ? 0 : D,
+					.n = ns[ni], .fp8 = fp8, .bs = (k / 2) % 2 ? 7 : 16,
+					.norm = k % 7 != 3 && k != 18,
+					.pad = k % 3 == 1 ? 8 : 0,
+				};
+
+				qk_case_run(&t, NULL, 0.015f);
+			}
+		}
+	}
+	/* the Qwen3-8B decode shape */
+	{
+		struct qk_case t = { 128, 8, 4, 128, 1, 0, 16, 1, 0 };
+
+		qk_case_run(&t, NULL, 0.015f);
+		t.fp8 = 1;
+		qk_case_run(&t, NULL, 0.015f);
+	}
+}
+
+/* The FP8 encoder of the fused op over special values, through the V heads (which reach
+ * the cache unchanged): against common/dtype.c and kv_write.cu. */
+static void test_qk_fp8_encoder(void **state)
+{
+	const int D = 64;
+	float v[64];
+	struct qk_case t = { D, 1, 1, D, 1, 1, 16, 1, 0 };
+
+	for (int i = 0; i < D; i++) {
+		/* subnormals, ties, the top of the range and beyond, both signs */
+		float x = ldexpf(1.0f + (float)(i % 8) / 16.0f, i / 3 - 12);
+
+		v[i] = sm70_f16_to_f32(sm70_f32_to_f16((i & 1) ? -x : x));
+	}
+	v[60] = INFINITY;
+	v[61] = -INFINITY;
+	v[62] = NAN;
+	v[63] = -0.0f;
+	printf(" fp8 encoder: 64 magnitudes 2^-12..2^9.5, +-inf, NaN, -0 (v_scale 1)\n");
+	/* compare_codes(V vs cpu, tol 0) inside is the check; cpu uses sm70_f32_to_e4m3 */
+	qk_case_run(&t, v, 1.0f);
+}
+
+/* ---- silu_matmul ------------------------------------------------------------------- */
+
+/* One weight shape, every n: fused vs the CPU's silu_mul + matmul, vs the CUDA backend's
+ * silu_mul + matmul, on the fast backend and on SM70_MATMUL=reference. */
+static void silu_matmul_shape(int rows, int cols, const int *ns, int n_ns)
+{
+	float *wv = rvec16((size_t)rows * cols, 1.7f / sqrtf((float)cols));
+	struct sm70_weight wc = mk_weight(cpu, wv, rows, cols);
+	struct sm70_weight wg = mk_weight(gpu, wv, rows, cols);
+	struct sm70_weight wr = mk_weight(gpu_ref, wv, rows, cols);
+	const int tc = cols % 8 == 0; /* the fast backend's tensor-core path (buffers aligned) */
+
+	free(wv);
+	for (int ni = 0; ni < n_ns; ni++) {
+		const int n = ns[ni];
+		const size_t nin = (size_t)n * 2 * cols, nx = (size_t)n * cols;
+		const size_t ny = (size_t)n * rows;
+		float *gu = rvec16(nin, 4.0f), *yc = fvec(ny), *yf = fvec(ny);
+		void *ic = up_act(cpu, gu, nin), *ig = up_act(gpu, gu, nin);
+		void *ir = up_act(gpu_ref, gu, nin);
+		void *xc = balloc(cpu, nx * 4), *xg = balloc(gpu, nx * 2);
+		void *xr = balloc(gpu_ref, nx * 2);
+		void *oc = balloc(cpu, ny * 4);
+		void *of = balloc(gpu, ny * 2), *ou = balloc(gpu, ny * 2);
+		void *orf = balloc(gpu_ref, ny * 2), *oru = balloc(gpu_ref, ny * 2);
+		uint16_t *hf, *hu, *hrf, *hru;
+		char what[160];
+
+		cpu->ops->silu_mul(cpu, xc, ic, n, cols);
+		cpu->ops->matmul(cpu, oc, 1, xc, &wc, n);
+		gpu->ops->silu_matmul(gpu, of, ig, &wg, n);
+		gpu->ops->silu_mul(gpu, xg, ig, n, cols);
+		gpu->ops->matmul(gpu, ou, 0, xg, &wg, n);
+		gpu_ref->ops->silu_matmul(gpu_ref, orf, ir, &wr, n);
+		gpu_ref->ops->silu_mul(gpu_ref, xr, ir, n, cols);
+		gpu_ref->ops->matmul(gpu_ref, oru, 0, xr, &wr, n);
+		get_bytes(cpu, yc, oc, ny * 4);
+		get_act(gpu, yf, of, ny);
+		hf = get_f16_codes(gpu, of, ny);
+		hu = get_f16_codes(gpu, ou, ny);
+		hrf = get_f16_codes(gpu_ref, orf, ny);
+		hru = get_f16_codes(gpu_ref, oru, ny);
+
+		printf(" silu_matmul %dx%d n=%d (%s)\n", rows, cols, n,
+		       !tc ? "cols % 8 != 0: reference kernel" :
+		       n <= 16 ? "tensor cores" : "tensor cores in 16-row pieces");
+		compare("fused vs cpu silu_mul+matmul", yf, yc, ny, TOL_SILU_MM);
+		if (tc && n <= 16) {
+			compare_codes("fused vs cuda silu_mul+matmul (same tiles)", hf, hu, ny, 0,
+				      TOL_ULP);
+		} else {
+			float *yu = fvec(ny);
+
+			for (size_t i = 0; i < ny; i++)
+				yu[i] = sm70_f16_to_f32(hu[i]);
+			snprintf(what, sizeof(what), "fused vs cuda silu_mul+matmul (%s)",
+				 n > 16 ? "cublas" : "simt gemv");
+			compare(what, yf, yu, ny, TOL_F16_OUT);
+			free(yu);
+		}
+		for (size_t i = 0; i < ny; i++)
+			yf[i] = sm70_f16_to_f32(hrf[i]);
+		compare("reference: fused vs cpu", yf, yc, ny, TOL_SILU_MM);
+		compare_codes("reference: fused vs silu_mul+matmul", hrf, hru, ny, 0, TOL_ULP);
+
+		free(hru), free(hrf), free(hu), free(hf);
+		bfree(gpu_ref, oru), bfree(gpu_ref, orf), bfree(gpu, ou), bfree(gpu, of);
+		bfree(cpu, oc), bfree(gpu_ref, xr), bfree(gpu, xg), bfree(cpu, xc);
+		bfree(gpu_ref, ir), bfree(gpu, ig), bfree(cpu, ic);
+		free(yf), free(yc), free(gu);
+	}
+	bfree(gpu_ref, wr.data), bfree(gpu, wg.data), bfree(cpu, wc.data);
+}
+
+static void test_silu_matmul(void **state)
+{
+	const int ns[] = { 1, 5, 16, 37 }, ns_big[] = { 1, 5, 16, 20 };
+
+	assert_non_null(gpu->ops->silu_matmul);
+	/* Qwen3-8B's down projection (hidden 4096, intermediate 12288) */
+	silu_matmul_shape(4096, 12288, ns_big, 4);
+	/* odd sizes: a partial 64-column step and a partial 16-row tile */
+	silu_matmul_shape(100, 136, ns, 4);
+	silu_matmul_shape(33, 520, ns, 4);
+	/* every x row group of the tensor-core kernel (n 1..16 in groups of 4) */
+	{
+		const int groups[] = { 2, 3, 4, 7, 8, 11, 12, 13 };
+
+		silu_matmul_shape(1000, 1024, groups, 8);
+	}
+	/* cols not a multiple of 8: the fused op's reference kernel on the fast backend */
+	silu_matmul_shape(77, 100, ns, 4);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_qk_norm_rope_kv),
+		cmocka_unit_test(test_qk_fp8_encoder),
+		cmocka_unit_test(test_silu_matmul),
+	};
+	struct sm70_err err = { { 0 } };
+	int ret;
+
+	ret = sm70_backend_cuda_create(&gpu, 0, &err);
+	if (ret == -ENODEV) {
+		printf("SKIP: no CUDA device (%s)\n", err.msg);
+		return 0;
+	}
+	if (ret) {
+		fprintf(stderr, "cuda backend: %s\n", err.msg);
+		return 1;
+	}
+	/* A second CUDA backend on the matmul reference path. */
+	setenv("SM70_MATMUL", "reference", 1);
+	ret = sm70_backend_cuda_create(&gpu_ref, 0, &err);
+	unsetenv("SM70_MATMUL");
+	if (ret) {
+		fprintf(stderr, "cuda reference backend: %s\n", err.msg);
+		sm70_backend_destroy(gpu);
+		return 1;
+	}
+	if (sm70_backend_cpu_create(&cpu, 0, &err)) {
+		fprintf(stderr, "cpu backend: %s\n", err.msg);
+		sm70_backend_destroy(gpu_ref);
+		sm70_backend_destroy(gpu);
+		return 1;
+	}
+	ret = cmocka_run_group_tests(tests, NULL, NULL);
+	/* A sticky error from any launch fails the run even if every compare passed. */
+	if (gpu->ops->sync(gpu) || gpu_ref->ops->sync(gpu_ref)) {
+		fprintf(stderr, "a CUDA error was recorded during the run\n");
+		ret = 1;
+	}
+	sm70_backend_destroy(cpu);
+	sm70_backend_destroy(gpu_ref);
+	sm70_backend_destroy(gpu);
+	return ret;
+}
