@@ -15,7 +15,9 @@
  * - the same shapes with SM70_MATMUL=simt, or any other n <= 16: the fp32-FMA skinny
  *   kernel (lanes read W in 16-byte vectors and apply each W element to all n rows, which
  *   the block stages in shared memory a column chunk at a time).
- * - n > 16 (prefill): cuBLAS cublasGemmEx, f16 inputs, CUBLAS_COMPUTE_32F.
+ * - n > 16 (prefill), and 9..16 on matrices with more rows than columns (there cuBLAS
+ *   measured faster: every block of ours re-reads the x tile): cuBLAS cublasGemmEx, f16
+ *   inputs, CUBLAS_COMPUTE_32F.
  * - SM70_MATMUL=reference: one thread per output element, a plain dot product; the named
  *   path back when the fast paths are suspect.
  *
@@ -471,7 +473,10 @@ extern "C" void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, c
 		SM70_CUDA_LAUNCHED(be, "matmul_ref_kernel");
 		return;
 	}
-	if (n <= 16) {
+	/* Measured (docs/PERFORMANCE.md, GEMV table): above 8 rows of x, cuBLAS beats the
+	 * tensor-core GEMV on tall matrices (qkv, gate_up, the LM head), whose x tile every
+	 * block re-reads; ours stays ahead on square and wide ones (o_proj, down_proj). */
+	if (n <= 16 && !(n > 8 && rows > cols)) {
 		int aligned = cols % 8 == 0 && ((uintptr_t)x & 15) == 0 &&
 			      ((uintptr_t)w->data & 15) == 0;
 
