@@ -12,6 +12,7 @@
 #define SM70_COMMON_SAMPLING_H
 
 #include <stdint.h>
+#include <string.h>
 
 #define SM70_MAX_TOP_LOGPROBS 20
 
@@ -49,6 +50,21 @@ struct sm70_shard_summary {
 	int32_t ids[SM70_SHARD_CANDS];
 	float logits[SM70_SHARD_CANDS];
 };
+
+/*
+ * Maps a non-NaN float to a uint32 with the same order, so that sampling order is "key
+ * descending, equal keys lowest id first". -0 is folded onto +0 so that equal logits get
+ * equal keys and fall back to the id order, as float comparison would.
+ */
+static inline uint32_t sm70_order_key(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	if (u == 0x80000000u)
+		u = 0;
+	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
 
 /* The uniform draw in [0, 1) for the n-th token of a request seeded with seed:
  * u = top 53 bits of mix64(mix64(seed + G) + (n + 1) * G) / 2^53, G = 0x9e3779b97f4a7c15,

@@ -127,20 +127,6 @@ void sm70_sampler_destroy(struct sm70_sampler *s)
 	free(s);
 }
 
-/*
- * Maps a non-NaN float to a uint32 with the same order. -0 is folded onto +0 so that equal
- * logits get equal keys and fall back to the id order, as float comparison would.
- */
-static inline uint32_t order_key(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	if (u == 0x80000000u)
-		u = 0;
-	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 /* True when (ka, ia) comes before (kb, ib) in sampling order. */
 static inline bool before(uint32_t ka, int32_t ia, uint32_t kb, int32_t ib)
 {
@@ -370,7 +356,7 @@ int sm70_sample(struct sm70_sampler *s, const float *logits, const struct sm70_s
 
 		if (isnan(l))
 			return -EINVAL;
-		s->key[i] = order_key(l);
+		s->key[i] = sm70_order_key(l);
 		if (l > maxv) {
 			maxv = l;
 			argmax = i;

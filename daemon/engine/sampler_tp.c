@@ -23,16 +23,6 @@ struct merged {
 	float logit;
 };
 
-static uint32_t order_key(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	if (u == 0x80000000u)
-		u = 0;
-	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 static int merged_cmp(const void *a, const void *b)
 {
 	const struct merged *x = a, *y = b;
@@ -66,7 +56,7 @@ int sm70_sample_shards(const struct sm70_shard_summary *const sh[], int n_ranks,
 	/* merge; the exact prefix ends at the earliest last entry of a full list */
 	for (int i = 0; i < n_ranks; i++)
 		for (int j = 0; j < sh[i]->n_cand; j++)
-			c[m++] = (struct merged){ order_key(sh[i]->logits[j]), sh[i]->ids[j],
+			c[m++] = (struct merged){ sm70_order_key(sh[i]->logits[j]), sh[i]->ids[j],
 						  sh[i]->logits[j] };
 	qsort(c, (size_t)m, sizeof(c[0]), merged_cmp);
 	exact = m;

@@ -14,17 +14,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* Order-preserving key of a float, -0 folded onto +0 (as daemon/engine/sampler.c). */
-static uint32_t order_key(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	if (u == 0x80000000u)
-		u = 0;
-	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 /*
  * The key t of the k-th entry in descending key order (1 <= k <= n), and in *above how
  * many keys are strictly greater than t.
@@ -43,7 +32,7 @@ static uint32_t kth_key(const float *l, int n, int k, int *above)
 
 		memset(cnt, 0, sizeof(int) * bins);
 		for (int i = 0; i < n; i++) {
-			uint32_t key = order_key(l[i]);
+			uint32_t key = sm70_order_key(l[i]);
 			if ((key & mask) == prefix)
 				cnt[(key >> shifts[level]) & (bins - 1)]++;
 		}
@@ -110,7 +99,7 @@ static void summarise_row(struct sm70_shard_summary *o, const float *l, int voca
 	t = kth_key(l, vocab, k, &above);
 	ties = k - above;
 	for (int i = 0; i < vocab && m < k; i++) {
-		uint32_t key = order_key(l[i]);
+		uint32_t key = sm70_order_key(l[i]);
 		if (key > t || (key == t && ties-- > 0))
 			c[m++] = (struct cand){ key, id0 + i, l[i] };
 	}

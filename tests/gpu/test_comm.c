@@ -17,6 +17,9 @@
 #include "kernels/backend.h"
 #include "kernels/comm.h"
 
+#define GPU_TEST_SEED 0x7e57c0771234ULL
+#include "tests/gpu/gpu_test.h"
+
 /*
  * Tolerances. shard_summary: ids, logits, max, n_cand and bad must be equal; the sums are
  * fp32 partial sums in different orders (GPU: per thread, then a tree), so 1e-5 relative.
@@ -34,39 +37,10 @@ static int n_gpus;
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
-static uint64_t rng_state = 0x7e57c0771234ULL;
-
-static uint64_t rng_next(void)
-{
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-	return z ^ (z >> 31);
-}
-
-/* uniform in [-amp, amp) */
-static float rnd(float amp)
-{
-	return (float)((double)(rng_next() >> 11) * 0x1p-53 * 2.0 - 1.0) * amp;
-}
-
-static int rnd_int(int n)
-{
-	return (int)(rng_next() % (uint64_t)n);
-}
 
 static void *xmalloc(size_t bytes)
 {
 	void *p = malloc(bytes ? bytes : 1);
-
-	assert_non_null(p);
-	return p;
-}
-
-static void *balloc(struct sm70_backend *be, size_t bytes)
-{
-	void *p = be->ops->buf_alloc(be, bytes);
 
 	assert_non_null(p);
 	return p;

@@ -15,6 +15,9 @@
 #include "common/dtype.h"
 #include "kernels/backend.h"
 
+#define GPU_TEST_SEED 0xf05edc0de5eedULL
+#include "tests/gpu/gpu_test.h"
+
 /*
  * Against the CPU (fp32 throughout) errors are max |got - ref| over max |ref| ("rel"), as in
  * test_cuda_ops.c. Against the unfused CUDA ops, which do the same arithmetic, values are
@@ -31,88 +34,10 @@ static struct sm70_backend *gpu, *gpu_ref, *cpu;
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
-static uint64_t rng_state = 0xf05edc0de5eedULL;
-
-static uint64_t rng_next(void)
-{
-	/* splitmix64: the same sequence on every machine */
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-	return z ^ (z >> 31);
-}
-
-/* uniform in [-amp, amp) */
-static float rnd(float amp)
-{
-	return (float)((double)(rng_next() >> 11) * 0x1p-53 * 2.0 - 1.0) * amp;
-}
-
-static int rnd_int(int n)
-{
-	return (int)(rng_next() % (uint64_t)n);
-}
-
-static float *fvec(size_t n)
-{
-	float *p = calloc(n ? n : 1, sizeof(float));
-
-	assert_non_null(p);
-	return p;
-}
-
-/* n random values in [-amp, amp) that are exact in f16, so both backends start equal */
-static float *rvec16(size_t n, float amp)
-{
-	float *p = fvec(n);
-
-	for (size_t i = 0; i < n; i++)
-		p[i] = sm70_f16_to_f32(sm70_f32_to_f16(rnd(amp)));
-	return p;
-}
-
-static void *balloc(struct sm70_backend *be, size_t bytes)
-{
-	void *p = be->ops->buf_alloc(be, bytes);
-
-	assert_non_null(p);
-	return p;
-}
-
-static void bfree(struct sm70_backend *be, void *p)
-{
-	be->ops->buf_free(be, p);
-}
-
-static void *up_bytes(struct sm70_backend *be, const void *src, size_t bytes)
-{
-	void *p = balloc(be, bytes);
-
-	assert_int_equal(be->ops->upload(be, p, src, bytes), 0);
-	return p;
-}
 
 static void get_bytes(struct sm70_backend *be, void *dst, const void *src, size_t bytes)
 {
 	assert_int_equal(be->ops->download(be, dst, src, bytes), 0);
-}
-
-/* A backend copy of n floats in its act dtype (f32 on the CPU, f16 on CUDA). */
-static void *up_act(struct sm70_backend *be, const float *v, size_t n)
-{
-	uint16_t *h;
-	void *p;
-
-	if (be->act_dtype == SM70_DTYPE_F32)
-		return up_bytes(be, v, n * sizeof(float));
-	h = malloc((n ? n : 1) * sizeof(*h));
-	assert_non_null(h);
-	for (size_t i = 0; i < n; i++)
-		h[i] = sm70_f32_to_f16(v[i]);
-	p = up_bytes(be, h, n * sizeof(*h));
-	free(h);
-	return p;
 }
 
 /* n act values of a backend buffer as floats */

@@ -15,6 +15,9 @@
 #include "common/dtype.h"
 #include "kernels/backend.h"
 
+#define GPU_TEST_SEED 0x5eedc0da1234ULL
+#include "tests/gpu/gpu_test.h"
+
 /*
  * Errors are reported as max |got - ref| and that divided by max |ref| over the tensor
  * ("rel"); tolerances bound rel. Outputs stored as f16 on the GPU carry up to 2^-11
@@ -31,79 +34,6 @@ static struct sm70_backend *gpu, *gpu_ref, *cpu;
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
-static uint64_t rng_state = 0x5eedc0da1234ULL;
-
-static uint64_t rng_next(void)
-{
-	/* splitmix64: reproducible everywhere */
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-	return z ^ (z >> 31);
-}
-
-/* uniform in [-amp, amp) */
-static float rnd(float amp)
-{
-	return (float)((double)(rng_next() >> 11) * 0x1p-53 * 2.0 - 1.0) * amp;
-}
-
-static int rnd_int(int n)
-{
-	return (int)(rng_next() % (uint64_t)n);
-}
-
-static float *fvec(size_t n)
-{
-	float *p = calloc(n ? n : 1, sizeof(float));
-
-	assert_non_null(p);
-	return p;
-}
-
-/* n random values in [-amp, amp), rounded to f16 so that both backends see the same. */
-static float *rvec16(size_t n, float amp)
-{
-	float *p = fvec(n);
-
-	for (size_t i = 0; i < n; i++)
-		p[i] = sm70_f16_to_f32(sm70_f32_to_f16(rnd(amp)));
-	return p;
-}
-
-static void *balloc(struct sm70_backend *be, size_t bytes)
-{
-	void *p = be->ops->buf_alloc(be, bytes);
-
-	assert_non_null(p);
-	return p;
-}
-
-static void *up_bytes(struct sm70_backend *be, const void *src, size_t bytes)
-{
-	void *p = balloc(be, bytes);
-
-	assert_int_equal(be->ops->upload(be, p, src, bytes), 0);
-	return p;
-}
-
-/* Backend copy of n floats as the backend's act dtype (f32 on the CPU, f16 on CUDA). */
-static void *up_act(struct sm70_backend *be, const float *v, size_t n)
-{
-	uint16_t *h;
-	void *p;
-
-	if (be->act_dtype == SM70_DTYPE_F32)
-		return up_bytes(be, v, n * sizeof(float));
-	h = malloc((n ? n : 1) * sizeof(*h));
-	assert_non_null(h);
-	for (size_t i = 0; i < n; i++)
-		h[i] = sm70_f32_to_f16(v[i]);
-	p = up_bytes(be, h, n * sizeof(*h));
-	free(h);
-	return p;
-}
 
 /* n act values of a backend buffer as floats. */
 static void get_act(struct sm70_backend *be, float *dst, const void *src, size_t n)
@@ -125,11 +55,6 @@ static void get_act(struct sm70_backend *be, float *dst, const void *src, size_t
 static void get_f32(struct sm70_backend *be, float *dst, const void *src, size_t n)
 {
 	assert_int_equal(be->ops->download(be, dst, src, n * sizeof(float)), 0);
-}
-
-static void bfree(struct sm70_backend *be, void *p)
-{
-	be->ops->buf_free(be, p);
 }
 
 /* Prints and checks max |got - ref| / max |ref| <= tol. Returns the relative error. */

@@ -16,6 +16,9 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_ops.h"
 
+#define GPU_TEST_SEED 0x5a3b1e5eedULL
+#include "tests/gpu/gpu_test.h"
+
 #define MAX_ROWS 16
 #define BIG_VOCAB 248320
 #define LP_TOL 1e-5
@@ -26,16 +29,6 @@ static struct sm70_backend *gpu, *gpu_ref;
 static long n_rows[2], tok_bad[2], top_bad[2], inval_bad[2];
 static double lp_err[2];
 
-static uint64_t rng_state = 0x5a3b1e5eedULL;
-
-static uint64_t rng_next(void)
-{
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-	return z ^ (z >> 31);
-}
 
 static double rnd01(void)
 {

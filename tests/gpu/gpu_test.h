@@ -1,0 +1,103 @@
+/*
+ * gpu_test.h - helpers the GPU tests share: a reproducible random source, host vectors,
+ * and backend buffers filled from the host. Each test defines GPU_TEST_SEED before
+ * including this, so that every file draws its own stream.
+ *
+ * Header-only (static inline): tests are single files linked against the core library.
+ */
+#ifndef SM70_TESTS_GPU_GPU_TEST_H
+#define SM70_TESTS_GPU_GPU_TEST_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include "common/dtype.h"
+#include "kernels/backend.h"
+
+static uint64_t rng_state = GPU_TEST_SEED;
+
+/* splitmix64: reproducible everywhere */
+static inline uint64_t rng_next(void)
+{
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* uniform in [-amp, amp) */
+static inline float rnd(float amp)
+{
+	return (float)((double)(rng_next() >> 11) * 0x1p-53 * 2.0 - 1.0) * amp;
+}
+
+/* uniform in 0..n-1 */
+static inline int rnd_int(int n)
+{
+	return (int)(rng_next() % (uint64_t)n);
+}
+
+/* n zeroed floats (at least one), or the test fails. */
+static inline float *fvec(size_t n)
+{
+	float *p = calloc(n ? n : 1, sizeof(float));
+
+	assert_non_null(p);
+	return p;
+}
+
+/* n random values in [-amp, amp), rounded to f16 so that every backend sees the same. */
+static inline float *rvec16(size_t n, float amp)
+{
+	float *p = fvec(n);
+
+	for (size_t i = 0; i < n; i++)
+		p[i] = sm70_f16_to_f32(sm70_f32_to_f16(rnd(amp)));
+	return p;
+}
+
+static inline void *balloc(struct sm70_backend *be, size_t bytes)
+{
+	void *p = be->ops->buf_alloc(be, bytes);
+
+	assert_non_null(p);
+	return p;
+}
+
+static inline void bfree(struct sm70_backend *be, void *p)
+{
+	be->ops->buf_free(be, p);
+}
+
+/* A backend copy of bytes of host memory. */
+static inline void *up_bytes(struct sm70_backend *be, const void *src, size_t bytes)
+{
+	void *p = balloc(be, bytes);
+
+	assert_int_equal(be->ops->upload(be, p, src, bytes), 0);
+	return p;
+}
+
+/* A backend copy of n floats as the backend's act dtype (f32 on the CPU, f16 on CUDA). */
+static inline void *up_act(struct sm70_backend *be, const float *v, size_t n)
+{
+	uint16_t *h;
+	void *p;
+
+	if (be->act_dtype == SM70_DTYPE_F32)
+		return up_bytes(be, v, n * sizeof(float));
+	h = malloc((n ? n : 1) * sizeof(*h));
+	assert_non_null(h);
+	for (size_t i = 0; i < n; i++)
+		h[i] = sm70_f32_to_f16(v[i]);
+	p = up_bytes(be, h, n * sizeof(*h));
+	free(h);
+	return p;
+}
+
+#endif
