@@ -240,8 +240,8 @@ static json_t *cmd_status(struct sm70__daemon *d)
 		for (uint32_t i = 0; i < d->cfg.n_gpus; i++) {
 			uint64_t used = 0, total = 0;
 			int in_use = i < d->cfg.tp; /* rank i runs on gpus[i] */
-			int have = in_use && sm70__gpu_memory((int)d->cfg.gpus[i], 0,
-							      &used, &total) == 0;
+			int have = in_use && sm70__gpu_memory((int)d->cfg.gpus[i], &used,
+							      &total) == 0;
 			json_t *g = json_pack("{s:I, s:b}", "id", (json_int_t)d->cfg.gpus[i],
 					      "in_use", in_use);
 

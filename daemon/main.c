@@ -321,7 +321,7 @@ static int kv_budget(const struct sm70__config *c, uint64_t *bytes, struct sm70_
 	w = weight_bytes(c->model_dir);
 	if (strcmp(c->backend, "cuda") == 0) {
 		for (uint32_t r = 0; r < ranks && r < c->n_gpus; r++) {
-			if (sm70__gpu_memory((int)c->gpus[r], 1, &used, &total))
+			if (sm70__gpu_memory((int)c->gpus[r], &used, &total))
 				return sm70_errf(err, -ENODEV, "engine.kv_memory_fraction: cannot read "
 						 "the free memory of GPU %u (is this build without "
 						 "CUDA?)", c->gpus[r]);

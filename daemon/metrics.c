@@ -103,7 +103,7 @@ double sm70__metrics_token_rate(const struct sm70__metrics *m, uint64_t now_us,
 
 /* The CUDA runtime is in the process only when sm70d was linked with the CUDA backend; look
  * it up at run time so that this file needs no CUDA headers and the CPU build no CUDA. */
-int sm70__gpu_memory(int dev, int select, uint64_t *used, uint64_t *total)
+int sm70__gpu_memory(int dev, uint64_t *used, uint64_t *total)
 {
 	typedef int (*get_device_fn)(int *);
 	typedef int (*set_device_fn)(int);
@@ -112,17 +112,21 @@ int sm70__gpu_memory(int dev, int select, uint64_t *used, uint64_t *total)
 	set_device_fn set_device = (set_device_fn)dlsym(RTLD_DEFAULT, "cudaSetDevice");
 	mem_get_info_fn mem_get_info = (mem_get_info_fn)dlsym(RTLD_DEFAULT, "cudaMemGetInfo");
 	size_t f = 0, t = 0;
-	int cur = -1;
+	int cur = -1, ret = 0;
 
 	*used = *total = 0;
 	if (!get_device || !set_device || !mem_get_info)
 		return -ENODEV;
-	if (select && set_device(dev) != 0)
-		return -ENODEV;
-	/* Only the backend's current device can be asked without switching devices under
-	 * the engine's feet. */
-	if (get_device(&cur) != 0 || cur != dev || mem_get_info(&f, &t) != 0 || f > t)
-		return -ENODEV;
+	/* Switching devices is safe: every backend op makes its own device current first
+	 * (cuda_check.h, sm70__cuda_enter); the previous one is restored all the same. */
+	if (get_device(&cur) != 0)
+		cur = -1;
+	if (set_device(dev) != 0 || mem_get_info(&f, &t) != 0 || f > t)
+		ret = -ENODEV;
+	if (cur >= 0 && cur != dev)
+		set_device(cur);
+	if (ret)
+		return ret;
 	*used = (uint64_t)(t - f);
 	*total = (uint64_t)t;
 	return 0;
@@ -247,7 +251,7 @@ int sm70__metrics_render(struct sm70__daemon *d, char *buf, size_t size)
 		uint64_t used, total;
 
 		for (uint32_t i = 0; i < d->cfg.tp && i < d->cfg.n_gpus; i++)
-			if (sm70__gpu_memory((int)d->cfg.gpus[i], 0, &used, &total) == 0)
+			if (sm70__gpu_memory((int)d->cfg.gpus[i], &used, &total) == 0)
 				put(&o, "sm70_gpu_memory_used_bytes{gpu=\"%u\"} %llu\n",
 				    d->cfg.gpus[i], (unsigned long long)used);
 	}

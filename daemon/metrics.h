@@ -73,10 +73,9 @@ double sm70__metrics_token_rate(const struct sm70__metrics *m, uint64_t now_us,
 				double *window_s);
 
 /* GPU memory of CUDA device `dev` through the CUDA runtime linked into sm70d, if there is
- * one. Only the current device is asked unless `select` (then dev is made current first:
- * for start-up, before the backend exists). Returns 0, or -ENODEV (no CUDA runtime in this
- * build, another device is current, or the query failed). */
-int sm70__gpu_memory(int dev, int select, uint64_t *used, uint64_t *total);
+ * one (the current device is left as it was). Returns 0, or -ENODEV (no CUDA runtime in
+ * this build, or the query failed). */
+int sm70__gpu_memory(int dev, uint64_t *used, uint64_t *total);
 
 /* The Prometheus text exposition (format 0.0.4) of every metric into buf (NUL-terminated).
  * Returns its length, or -ENOSPC if size is too small (buf then holds a truncated text). */
