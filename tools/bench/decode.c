@@ -163,7 +163,16 @@ int sm70__bench_decode(int argc, char **argv)
 		case 'g': kv_gib = atof(optarg); break;
 		case 'w': bw = atof(optarg); break;
 		case 't': eo.tp = atoi(optarg); break;
-		case 'G': eo.n_gpus = parse_list(optarg, eo.gpus, 4); break;
+		case 'G': {
+			int32_t *ids = NULL;
+			const char *bad = NULL;
+			long n = sm70__cli_parse_ids(optarg, &ids, &bad);
+			eo.n_gpus = n >= 1 && n <= 4 ? (int)n : -1;
+			for (long g = 0; g < n && g < 4; g++)
+				eo.gpus[g] = ids[g];
+			free(ids);
+			break;
+		}
 		case 'k':
 			eo.kv_dtype = strcmp(optarg, "fp8") == 0 ? SM70_DTYPE_F8E4M3 :
 				      strcmp(optarg, "f32") == 0 ? SM70_DTYPE_F32 : SM70_DTYPE_F16;
