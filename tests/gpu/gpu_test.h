@@ -12,8 +12,10 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <cmocka.h>
+#include <errno.h>
 
 #include "common/dtype.h"
 #include "kernels/backend.h"
@@ -98,6 +100,54 @@ static inline void *up_act(struct sm70_backend *be, const float *v, size_t n)
 	p = up_bytes(be, h, n * sizeof(*h));
 	free(h);
 	return p;
+}
+
+/*
+ * The main of an op test: makes gpu (device 0), gpu_ref (device 0 with the matmul and
+ * attention reference switches) and cpu, runs the tests, and fails the run when either
+ * CUDA backend recorded an error even if every compare passed. No device: prints SKIP and
+ * returns 0.
+ */
+static inline int gpu_test_main(const char *name, const struct CMUnitTest *tests, size_t n,
+				struct sm70_backend **gpu, struct sm70_backend **gpu_ref,
+				struct sm70_backend **cpu)
+{
+	struct sm70_err err = { { 0 } };
+	int ret = sm70_backend_cuda_create(gpu, 0, &err);
+
+	if (ret == -ENODEV) {
+		printf("SKIP: no CUDA device (%s)\n", err.msg);
+		return 0;
+	}
+	if (ret) {
+		fprintf(stderr, "cuda backend: %s\n", err.msg);
+		return 1;
+	}
+	setenv("SM70_MATMUL", "reference", 1);
+	setenv("SM70_ATTENTION", "reference", 1);
+	ret = sm70_backend_cuda_create(gpu_ref, 0, &err);
+	unsetenv("SM70_MATMUL");
+	unsetenv("SM70_ATTENTION");
+	if (ret) {
+		fprintf(stderr, "cuda reference backend: %s\n", err.msg);
+		sm70_backend_destroy(*gpu);
+		return 1;
+	}
+	if (sm70_backend_cpu_create(cpu, 0, &err)) {
+		fprintf(stderr, "cpu backend: %s\n", err.msg);
+		sm70_backend_destroy(*gpu_ref);
+		sm70_backend_destroy(*gpu);
+		return 1;
+	}
+	ret = _cmocka_run_group_tests(name, tests, n, NULL, NULL);
+	if ((*gpu)->ops->sync(*gpu) || (*gpu_ref)->ops->sync(*gpu_ref)) {
+		fprintf(stderr, "a CUDA error was recorded during the run\n");
+		ret = 1;
+	}
+	sm70_backend_destroy(*cpu);
+	sm70_backend_destroy(*gpu_ref);
+	sm70_backend_destroy(*gpu);
+	return ret;
 }
 
 #endif

@@ -555,41 +555,7 @@ int main(void)
 		cmocka_unit_test(test_qk_fp8_encoder),
 		cmocka_unit_test(test_silu_matmul),
 	};
-	struct sm70_err err = { { 0 } };
-	int ret;
 
-	ret = sm70_backend_cuda_create(&gpu, 0, &err);
-	if (ret == -ENODEV) {
-		printf("SKIP: no CUDA device (%s)\n", err.msg);
-		return 0;
-	}
-	if (ret) {
-		fprintf(stderr, "cuda backend: %s\n", err.msg);
-		return 1;
-	}
-	/* A second CUDA backend on the matmul reference path. */
-	setenv("SM70_MATMUL", "reference", 1);
-	ret = sm70_backend_cuda_create(&gpu_ref, 0, &err);
-	unsetenv("SM70_MATMUL");
-	if (ret) {
-		fprintf(stderr, "cuda reference backend: %s\n", err.msg);
-		sm70_backend_destroy(gpu);
-		return 1;
-	}
-	if (sm70_backend_cpu_create(&cpu, 0, &err)) {
-		fprintf(stderr, "cpu backend: %s\n", err.msg);
-		sm70_backend_destroy(gpu_ref);
-		sm70_backend_destroy(gpu);
-		return 1;
-	}
-	ret = cmocka_run_group_tests(tests, NULL, NULL);
-	/* A sticky error from any launch fails the run even if every compare passed. */
-	if (gpu->ops->sync(gpu) || gpu_ref->ops->sync(gpu_ref)) {
-		fprintf(stderr, "a CUDA error was recorded during the run\n");
-		ret = 1;
-	}
-	sm70_backend_destroy(cpu);
-	sm70_backend_destroy(gpu_ref);
-	sm70_backend_destroy(gpu);
-	return ret;
+	return gpu_test_main("test_cuda_fused", tests, sizeof(tests) / sizeof(tests[0]), &gpu,
+			     &gpu_ref, &cpu);
 }
