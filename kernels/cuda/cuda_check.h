@@ -154,4 +154,42 @@ static __device__ __forceinline__ float sm70__warp_max(float v)
 	return v;
 }
 
+/*
+ * RoPE's cos/sin table for one position, made by the whole block in shared memory
+ * (tab: cos [half], then sin [half]) the way the CPU twin (and transformers) does, in f32:
+ * inv_freq = 1 / theta^(2j / rot_dim) with an f32 exponent, angle = pos * inv_freq rounded
+ * to f32, then cosf/sinf. theta^e is taken in double and rounded, which gives the correctly
+ * rounded powf the CPU's libm returns. The caller synchronises the block afterwards.
+ */
+static __device__ __forceinline__ void sm70__rope_table(float *tab, int rot_dim, float fpos,
+							float theta)
+{
+	const int half = rot_dim / 2;
+
+	for (int j = threadIdx.x; j < half; j += blockDim.x) {
+		float e = (float)(2 * j) / (float)rot_dim;
+		float inv_freq = 1.0f / (float)pow((double)theta, (double)e);
+		float angle = fpos * inv_freq;
+
+		tab[j] = cosf(angle);
+		tab[half + j] = sinf(angle);
+	}
+}
+
+/* 1 / RMS of one head's head_dim f16 values (plus eps), by the 32 lanes of a warp; every
+ * lane gets it. The shuffles also order every lane's reads before any lane's writes. */
+static __device__ __forceinline__ float sm70__head_rms_inv(const __half *x, int head_dim,
+							   float eps)
+{
+	float ss = 0.0f;
+
+	for (int k = (int)(threadIdx.x & 31); k < head_dim; k += 32) {
+		float v = __half2float(x[k]);
+
+		ss += v * v;
+	}
+	ss = sm70__warp_sum(ss);
+	return 1.0f / sqrtf(ss / (float)head_dim + eps);
+}
+
 #endif

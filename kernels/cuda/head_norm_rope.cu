@@ -4,11 +4,8 @@
  * (inside the stacked qkv matmul output).
  *
  * A block takes one row and four heads, one warp per head. The block first makes the
- * row's cos/sin table in shared memory the way the CPU twin (and transformers) does, in
- * f32: inv_freq = 1 / theta^(2j / rot_dim) with an f32 exponent, angle = (float)pos *
- * inv_freq rounded to f32, then cosf/sinf of it. theta^e is taken in double and rounded,
- * which gives the correctly rounded powf the CPU's libm returns; with an f32 powf the
- * angle at position 4000 could move by ~5e-4 rad.
+ * row's cos/sin table in shared memory (sm70__rope_table in cuda_check.h: with an f32
+ * powf the angle at position 4000 could move by ~5e-4 rad from the CPU twin's).
  *
  * Non-goals: rope scaling (yarn, dynamic, linear), interleaved (GPT-J) pairs.
  */
@@ -29,30 +26,12 @@ static __global__ void head_norm_rope_kernel(__half *qk, int ld, int n_heads, in
 	__half *x = qk + (size_t)blockIdx.y * ld + (size_t)h * head_dim;
 	float inv = 1.0f;
 
-	for (int j = threadIdx.x; j < half; j += blockDim.x) {
-		float e = (float)(2 * j) / (float)rot_dim;
-		float inv_freq = 1.0f / (float)pow((double)theta, (double)e);
-		float angle = fpos * inv_freq;
-
-		tab[j] = cosf(angle);
-		tab[half + j] = sinf(angle);
-	}
+	sm70__rope_table(tab, rot_dim, fpos, theta);
 	__syncthreads();
 	if (h >= n_heads)
 		return;
-
-	if (norm_w) {
-		float ss = 0.0f;
-
-		for (int k = lane; k < head_dim; k += 32) {
-			float v = __half2float(x[k]);
-
-			ss += v * v;
-		}
-		/* The shuffles also order every lane's reads before any lane's writes. */
-		ss = sm70__warp_sum(ss);
-		inv = 1.0f / sqrtf(ss / (float)head_dim + eps);
-	}
+	if (norm_w)
+		inv = sm70__head_rms_inv(x, head_dim, eps);
 	for (int j = lane; j < half; j += 32) {
 		float a = __half2float(x[j]), b = __half2float(x[j + half]);
 		float cs = tab[j], sn = tab[half + j];

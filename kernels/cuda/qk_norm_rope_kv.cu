@@ -57,18 +57,8 @@ static __global__ void qk_norm_rope_kv_kernel(__half *qkv, int ld, int n_heads, 
 	size_t c0; /* the head's first element in the cache */
 	float inv = 1.0f;
 
-	if (blockIdx.x * HEADS_PER_BLOCK < n_rot) { /* uniform over the block */
-		const float fpos = (float)pos[blockIdx.y];
-
-		for (int j = threadIdx.x; j < half; j += blockDim.x) {
-			float e = (float)(2 * j) / (float)rot_dim;
-			float inv_freq = 1.0f / (float)pow((double)theta, (double)e);
-			float angle = fpos * inv_freq;
-
-			tab[j] = cosf(angle);
-			tab[half + j] = sinf(angle);
-		}
-	}
+	if (blockIdx.x * HEADS_PER_BLOCK < n_rot) /* uniform over the block */
+		sm70__rope_table(tab, rot_dim, (float)pos[blockIdx.y], theta);
 	__syncthreads();
 	if (h >= n_rot + n_kv_heads)
 		return;
@@ -87,18 +77,8 @@ static __global__ void qk_norm_rope_kv_kernel(__half *qkv, int ld, int n_heads, 
 
 	norm_w = is_k ? k_norm : q_norm;
 	c0 = is_k ? ((size_t)slot * n_kv_heads + (h - n_heads)) * head_dim : 0;
-	if (norm_w) {
-		float ss = 0.0f;
-
-		for (int k = lane; k < head_dim; k += 32) {
-			float v = __half2float(x[k]);
-
-			ss += v * v;
-		}
-		/* The shuffles also order every lane's reads before any lane's writes. */
-		ss = sm70__warp_sum(ss);
-		inv = 1.0f / sqrtf(ss / (float)head_dim + eps);
-	}
+	if (norm_w)
+		inv = sm70__head_rms_inv(x, head_dim, eps);
 	for (int j = lane; j < half; j += 32) {
 		float a = __half2float(x[j]), b = __half2float(x[j + half]);
 		float cs = tab[j], sn = tab[half + j];
