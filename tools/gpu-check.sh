@@ -2,8 +2,8 @@
 # gpu-check.sh - builds sm70 with CUDA and runs the GPU tests (tests/gpu) on a GPU machine.
 # Run from the repository root. Prints each test's output, then one PASS/FAIL table:
 # every tests/gpu binary, then the reference fixtures end to end on the CUDA backend
-# (graphs on, eager with SM70_GRAPHS=0, every reference switch), then tensor parallelism
-# over every GPU present (test_tp: 2..N ranks against one rank).
+# (graphs on, eager with SM70_GRAPHS=0, every reference switch), the FP8 KV accuracy check,
+# then tensor parallelism over every GPU present (test_tp: 2..N ranks against one rank).
 #
 #   tools/gpu-check.sh             scons -j16 CUDA=1 CUDA_ARCHS=${CUDA_ARCHS:-90}, then run
 #   tools/gpu-check.sh --no-build  run what build/tests-gpu already holds (a prebuilt tree)
@@ -53,6 +53,7 @@ done
 if [ -x "$B/tests/test_fixtures" ]; then
 	run_one fixtures-cuda env SM70_BACKEND=cuda "$B/tests/test_fixtures"
 	run_one fixtures-cuda-eager env SM70_BACKEND=cuda SM70_GRAPHS=0 "$B/tests/test_fixtures"
+	run_one kv-fp8-cuda env SM70_BACKEND=cuda "$B/tests/test_kv_fp8"
 	run_one fixtures-cuda-reference env SM70_BACKEND=cuda SM70_GRAPHS=0 SM70_MATMUL=reference \
 		SM70_ATTENTION=reference SM70_SAMPLER=reference SM70_FUSED=0 \
 		"$B/tests/test_fixtures"
