@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <cmocka.h>
@@ -100,6 +101,34 @@ static inline void *up_act(struct sm70_backend *be, const float *v, size_t n)
 	p = up_bytes(be, h, n * sizeof(*h));
 	free(h);
 	return p;
+}
+
+/* Prints and checks max |got - ref| / max |ref| <= tol. Returns the relative error. */
+static inline double compare_values(const char *what, const float *got, const float *ref,
+				    size_t n, double tol)
+{
+	double max_abs = 0.0, max_ref = 0.0, rel;
+	size_t worst = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		double a = fabs((double)got[i] - (double)ref[i]);
+
+		if (isnan(got[i]) != isnan(ref[i]))
+			a = INFINITY;
+		if (a > max_abs || (isinf(a) && !isinf(max_abs))) {
+			max_abs = a;
+			worst = i;
+		}
+		if (fabs((double)ref[i]) > max_ref)
+			max_ref = fabs((double)ref[i]);
+	}
+	rel = max_ref > 0 ? max_abs / max_ref : max_abs;
+	printf("  %-52s max abs %.3g  rel %.3g  over %zu values (tol %.1g)\n", what, max_abs,
+	       rel, n, tol);
+	if (!(rel <= tol))
+		printf("  worst at %zu: got %.8g ref %.8g\n", worst, got[worst], ref[worst]);
+	assert_true(rel <= tol);
+	return rel;
 }
 
 /*

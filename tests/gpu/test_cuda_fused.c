@@ -82,32 +82,6 @@ static struct sm70_weight mk_weight(struct sm70_backend *be, const float *v, int
 	return w;
 }
 
-/* Prints and checks max |got - ref| / max |ref| <= tol. */
-static void compare(const char *what, const float *got, const float *ref, size_t n, double tol)
-{
-	double max_abs = 0.0, max_ref = 0.0, rel;
-	size_t worst = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		double a = fabs((double)got[i] - (double)ref[i]);
-
-		if (isnan(got[i]) != isnan(ref[i]))
-			a = INFINITY;
-		if (a > max_abs || (isinf(a) && !isinf(max_abs))) {
-			max_abs = a;
-			worst = i;
-		}
-		if (fabs((double)ref[i]) > max_ref)
-			max_ref = fabs((double)ref[i]);
-	}
-	rel = max_ref > 0 ? max_abs / max_ref : max_abs;
-	printf("  %-52s max abs %.3g  rel %.3g  over %zu values (tol %.1g)\n", what, max_abs,
-	       rel, n, tol);
-	if (!(rel <= tol))
-		printf("  worst at %zu: got %.8g ref %.8g\n", worst, got[worst], ref[worst]);
-	assert_true(rel <= tol);
-}
-
 /* f16 and FP8 codes on one ordered integer line (sign-magnitude to two's complement), so
  * that neighbouring values are one apart and +0 equals -0 */
 static long ord16(uint16_t h)
@@ -370,8 +344,9 @@ static void qk_case_run(const struct qk_case *t, const float *v_special, float v
 			memcpy(rf + i * nrest, of + (size_t)i * ld + nqk, nrest * sizeof(float));
 			memcpy(rc + i * nrest, oc + (size_t)i * ld + nqk, nrest * sizeof(float));
 		}
-		compare("q, k heads fused vs cpu", qkf, qkc, t->n * nqk, TOL_ROPE);
-		compare("v heads + padding fused vs cpu (untouched)", rf, rc, t->n * nrest, 0.0);
+		compare_values("q, k heads fused vs cpu", qkf, qkc, t->n * nqk, TOL_ROPE);
+		compare_values("v heads + padding fused vs cpu (untouched)", rf, rc, t->n * nrest,
+			       0.0);
 		free(rc), free(rf), free(qkc), free(qkf);
 	}
 	compare_codes("qkv fused vs unfused cuda", qf, qu, cnt, 0, TOL_ULP);
@@ -500,7 +475,7 @@ static void silu_matmul_shape(int rows, int cols, const int *ns, int n_ns)
 		printf(" silu_matmul %dx%d n=%d (%s)\n", rows, cols, n,
 		       !tc ? "cols % 8 != 0: reference kernel" :
 		       n <= 16 ? "tensor cores" : "tensor cores in 16-row pieces");
-		compare("fused vs cpu silu_mul+matmul", yf, yc, ny, TOL_SILU_MM);
+		compare_values("fused vs cpu silu_mul+matmul", yf, yc, ny, TOL_SILU_MM);
 		if (tc && n <= 16) {
 			compare_codes("fused vs cuda silu_mul+matmul (same tiles)", hf, hu, ny, 0,
 				      TOL_ULP);
@@ -511,12 +486,12 @@ static void silu_matmul_shape(int rows, int cols, const int *ns, int n_ns)
 				yu[i] = sm70_f16_to_f32(hu[i]);
 			snprintf(what, sizeof(what), "fused vs cuda silu_mul+matmul (%s)",
 				 n > 16 ? "cublas" : "simt gemv");
-			compare(what, yf, yu, ny, TOL_F16_OUT);
+			compare_values(what, yf, yu, ny, TOL_F16_OUT);
 			free(yu);
 		}
 		for (size_t i = 0; i < ny; i++)
 			yf[i] = sm70_f16_to_f32(hrf[i]);
-		compare("reference: fused vs cpu", yf, yc, ny, TOL_SILU_MM);
+		compare_values("reference: fused vs cpu", yf, yc, ny, TOL_SILU_MM);
 		compare_codes("reference: fused vs silu_mul+matmul", hrf, hru, ny, 0, TOL_ULP);
 
 		free(hru), free(hrf), free(hu), free(hf);

@@ -57,34 +57,6 @@ static void get_f32(struct sm70_backend *be, float *dst, const void *src, size_t
 	assert_int_equal(be->ops->download(be, dst, src, n * sizeof(float)), 0);
 }
 
-/* Prints and checks max |got - ref| / max |ref| <= tol. Returns the relative error. */
-static double compare(const char *what, const float *got, const float *ref, size_t n,
-		      double tol)
-{
-	double max_abs = 0.0, max_ref = 0.0, rel;
-	size_t worst = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		double a = fabs((double)got[i] - (double)ref[i]);
-
-		if (isnan(got[i]) != isnan(ref[i]))
-			a = INFINITY;
-		if (a > max_abs || (isinf(a) && !isinf(max_abs))) {
-			max_abs = a;
-			worst = i;
-		}
-		if (fabs((double)ref[i]) > max_ref)
-			max_ref = fabs((double)ref[i]);
-	}
-	rel = max_ref > 0 ? max_abs / max_ref : max_abs;
-	printf("  %-44s max abs %.3g  rel %.3g  over %zu values (tol %.1g)\n", what, max_abs,
-	       rel, n, tol);
-	if (!(rel <= tol))
-		printf("  worst at %zu: got %.8g ref %.8g\n", worst, got[worst], ref[worst]);
-	assert_true(rel <= tol);
-	return rel;
-}
-
 /* A weight on a backend: f16 values (the CUDA weight_dtype; the CPU reads f16 too). */
 static struct sm70_weight mk_weight(struct sm70_backend *be, const float *v, int rows, int cols)
 {
@@ -158,7 +130,7 @@ static void test_embed(void **state)
 			get_f32(gpu, gg, xg, (size_t)n * dim);
 			snprintf(what, sizeof(what), "embed f16 n=%d dim=%d", n, dim);
 			/* f16 -> f32 is exact: bitwise equal */
-			compare(what, gg, gc, (size_t)n * dim, TOL_EXACT);
+			compare_values(what, gg, gc, (size_t)n * dim, TOL_EXACT);
 			bfree(cpu, ic), bfree(gpu, ig), bfree(cpu, xc), bfree(gpu, xg);
 			bfree(cpu, tc.data), bfree(gpu, tg.data);
 			free(tab), free(ids), free(gc), free(gg);
@@ -182,7 +154,7 @@ static void test_embed(void **state)
 				ref[i * dim + k] = sm70_bf16_to_f32(h[(size_t)ids[i] * dim + k]);
 		gpu->ops->embed(gpu, xg, &tg, ig, n);
 		get_f32(gpu, got, xg, (size_t)n * dim);
-		compare("embed bf16 n=5 dim=130", got, ref, (size_t)n * dim, TOL_EXACT);
+		compare_values("embed bf16 n=5 dim=130", got, ref, (size_t)n * dim, TOL_EXACT);
 		bfree(gpu, tg.data), bfree(gpu, xg), bfree(gpu, ig);
 		free(h), free(ref), free(got);
 	}
@@ -227,10 +199,10 @@ static void test_add_rmsnorm(void **state)
 				snprintf(what, sizeof(what),
 					 "add_rmsnorm resid n=%d dim=%d mode=%d", n, dim, mode);
 				/* the same single f32 add on both: bitwise */
-				compare(what, rg, rc, cnt, TOL_EXACT);
+				compare_values(what, rg, rc, cnt, TOL_EXACT);
 				snprintf(what, sizeof(what), "add_rmsnorm y n=%d dim=%d mode=%d", n,
 					 dim, mode);
-				compare(what, yg, yc, cnt, TOL_F16_OUT);
+				compare_values(what, yg, yc, cnt, TOL_F16_OUT);
 				if (mode != 2) {
 					bfree(cpu, ybc);
 					bfree(gpu, ybg);
@@ -263,7 +235,7 @@ static void test_add(void **state)
 	gpu->ops->add(gpu, resg, xg, cnt);
 	get_f32(cpu, rc, resc, cnt);
 	get_f32(gpu, rg, resg, cnt);
-	compare("add count=12293", rg, rc, cnt, TOL_EXACT);
+	compare_values("add count=12293", rg, rc, cnt, TOL_EXACT);
 	bfree(cpu, resc), bfree(gpu, resg), bfree(cpu, xc), bfree(gpu, xg);
 	free(r), free(x), free(rc), free(rg);
 }
@@ -298,13 +270,13 @@ static void matmul_case(int rows, int cols, int n)
 		}
 		snprintf(what, sizeof(what), "matmul %s %dx%d n=%d y=%s vs cpu", path, rows, cols,
 			 n, f32 ? "f32" : "f16");
-		compare(what, yg, yc, ny, f32 ? TOL_F32_DOT : TOL_F16_OUT);
+		compare_values(what, yg, yc, ny, f32 ? TOL_F32_DOT : TOL_F16_OUT);
 		snprintf(what, sizeof(what), "matmul reference %dx%d n=%d y=%s vs cpu", rows, cols,
 			 n, f32 ? "f32" : "f16");
-		compare(what, yr, yc, ny, f32 ? TOL_F32_DOT : TOL_F16_OUT);
+		compare_values(what, yr, yc, ny, f32 ? TOL_F32_DOT : TOL_F16_OUT);
 		snprintf(what, sizeof(what), "matmul %s vs reference %dx%d n=%d y=%s", path, rows,
 			 cols, n, f32 ? "f32" : "f16");
-		compare(what, yg, yr, ny, f32 ? TOL_F32_DOT : TOL_F16_OUT);
+		compare_values(what, yg, yr, ny, f32 ? TOL_F32_DOT : TOL_F16_OUT);
 	}
 	bfree(cpu, wc.data), bfree(gpu, wg.data), bfree(gpu_ref, wr.data);
 	bfree(cpu, xc), bfree(gpu, xg), bfree(gpu_ref, xr);
@@ -378,7 +350,7 @@ static void test_head_norm_rope(void **state)
 					 variant == 0 ? "norm+rope" :
 					 variant == 1 ? "rope only" : "norm+half rot");
 				/* the whole row: the V part must come back untouched */
-				compare(what, og, oc, cnt, TOL_ROPE);
+				compare_values(what, og, oc, cnt, TOL_ROPE);
 				if (wc) {
 					bfree(cpu, wc);
 					bfree(gpu, wg);
@@ -611,13 +583,13 @@ static void attention_batch(int D, int group, int fp8, const struct attn_seq *se
 	snprintf(what, sizeof(what), "attention D=%d G=%d %s tokens=%d (%d dec, %d chunks) "
 		 "max_pos=%d vs cpu", D, group, fp8 ? "fp8" : "f16", n_tok, n_decode, n_chunks,
 		 max_pos);
-	compare(what, out[1], out[0], nout, TOL_ATTN);
+	compare_values(what, out[1], out[0], nout, TOL_ATTN);
 	snprintf(what, sizeof(what), "attention reference D=%d G=%d %s vs cpu", D, group,
 		 fp8 ? "fp8" : "f16");
-	compare(what, out[2], out[0], nout, TOL_ATTN);
+	compare_values(what, out[2], out[0], nout, TOL_ATTN);
 	snprintf(what, sizeof(what), "attention fast vs reference D=%d G=%d %s", D, group,
 		 fp8 ? "fp8" : "f16");
-	compare(what, out[1], out[2], nout, TOL_ATTN);
+	compare_values(what, out[1], out[2], nout, TOL_ATTN);
 
 	for (int i = 0; i < 3; i++) {
 		struct sm70_backend *be = bes[i];
@@ -708,7 +680,7 @@ static void test_silu_mul(void **state)
 			get_act(cpu, oc, bc, cout);
 			get_act(gpu, og, bg, cout);
 			snprintf(what, sizeof(what), "silu_mul n=%d inter=%d", n, inter);
-			compare(what, og, oc, cout, TOL_F16_OUT);
+			compare_values(what, og, oc, cout, TOL_F16_OUT);
 			bfree(cpu, ic), bfree(gpu, ig), bfree(cpu, bc), bfree(gpu, bg);
 			free(gu), free(oc), free(og);
 		}
@@ -740,8 +712,9 @@ static void test_gather_rows(void **state)
 			get_act(cpu, oc, dc, (size_t)n * dim);
 			get_act(gpu, og, dg, (size_t)n * dim);
 		}
-		compare(is_f32 ? "gather_rows f32 n=5 dim=130" : "gather_rows f16 n=5 dim=130", og,
-			oc, (size_t)n * dim, TOL_EXACT);
+		compare_values(is_f32 ? "gather_rows f32 n=5 dim=130" :
+					"gather_rows f16 n=5 dim=130",
+			       og, oc, (size_t)n * dim, TOL_EXACT);
 		bfree(cpu, sc), bfree(gpu, sg), bfree(cpu, rc), bfree(gpu, rg);
 		bfree(cpu, dc), bfree(gpu, dg);
 	}
