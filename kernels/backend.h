@@ -53,6 +53,32 @@ struct sm70_kv_layout {
 };
 
 /*
+ * The recurrent state of one linear-attention (Gated DeltaNet) layer for n_slots
+ * sequence slots plus one scratch slot (index n_slots, written by padding rows):
+ *   conv: act [n_slots + 1][conv_k - 1][conv_dim], the last conv_k - 1 pre-conv inputs
+ *         of the slot's sequence, oldest first (a token's channels are contiguous);
+ *   ssm:  f32 [n_slots + 1][n_v_heads][k_dim][v_dim], the delta-rule state S.
+ * conv_dim = 2 * n_k_heads * k_dim + n_v_heads * v_dim (the q | k | v channels).
+ * A sequence's state is whatever its previous tokens left; a token at position 0 starts
+ * from zeros (the ops reset the slot first), so a new or recomputed sequence never needs
+ * its slot cleared.
+ */
+struct sm70_state_layer {
+	void *conv;
+	float *ssm;
+};
+
+struct sm70_state_layout {
+	int n_slots;
+	int conv_k;
+	int conv_dim;
+	int n_k_heads;
+	int n_v_heads;
+	int k_dim;
+	int v_dim;
+};
+
+/*
  * What one forward step computes, flattened to tokens. Token t belongs to sequence
  * tok_seq[t], sits at position tok_pos[t] and writes its K/V into cache slot tok_slot[t].
  * It attends to positions 0..tok_pos[t] of its sequence, found through that sequence's
@@ -84,6 +110,10 @@ struct sm70_batch {
 	const int32_t *chunk_len;
 	const int32_t *chunk_first_host;
 	const int32_t *chunk_len_host;
+
+	/* [n_seqs] the recurrent-state slot of each sequence (models with recurrent layers;
+	 * NULL otherwise). */
+	const int32_t *seq_state;
 };
 
 /* One row for the device sampler (backend memory). n counts the request's generated
@@ -188,6 +218,51 @@ struct sm70_backend_ops {
 	 * is act [n, 2 * w->cols] with the gate in the first w->cols columns of each row. */
 	void (*silu_matmul)(struct sm70_backend *be, void *y, const void *gate_up,
 			    const struct sm70_weight *w, int n);
+
+	/*
+	 * Linear attention (Gated DeltaNet, ../shared/ARCHITECTURES.md). Optional: NULL
+	 * unless the backend serves recurrent models; a model that needs one a backend lacks
+	 * is refused at load.
+	 *
+	 * conv1d_silu: causal depthwise convolution over each sequence's tokens in batch
+	 * order, then SiLU. Row t of x (act, rows ld elements apart) holds lay->conv_dim
+	 * channels; w is f32 [conv_dim][conv_k]. With window = (the slot's conv_k - 1 saved
+	 * inputs, then x[t]) oldest first: out[t][c] = silu(sum_j w[c][j] * window[j][c]),
+	 * out act [n_tokens][conv_dim] contiguous (not aliasing x); the slot then keeps the
+	 * newest conv_k - 1 inputs. Slots come from b->seq_state[b->tok_seq[t]].
+	 */
+	void (*conv1d_silu)(struct sm70_backend *be, void *out, const void *x, int ld,
+			    const float *w, const struct sm70_state_layer *st,
+			    const struct sm70_state_layout *lay, const struct sm70_batch *b);
+
+	/*
+	 * gdn: the gated delta rule. Row t of qkv (act [n_tokens][conv_dim], the conv
+	 * output) is q [n_k_heads][k_dim] | k [n_k_heads][k_dim] | v [n_v_heads][v_dim]; row t
+	 * of ba (act, rows ba_ld apart) is b [n_v_heads] then a [n_v_heads]. In f32, per
+	 * token and value head h (key head h / (n_v_heads / n_k_heads)):
+	 *   q, k = x * rsqrt(sum(x^2) + 1e-6) per head; q *= k_dim^-0.5;
+	 *   beta = sigmoid(b[h]); g = -exp(a_log[h]) * softplus(a[h] + dt_bias[h])
+	 *   (softplus(x) = x above 20, else log1p(exp(x)));
+	 *   S = exp(g) S; m = S^T k; S += k (beta (v - m))^T; out[t][h] = S^T q
+	 * out act [n_tokens][n_v_heads][v_dim]; the slot keeps S. With chunked set, a
+	 * backend may compute prefill chunks in the chunked (WY) form, equal to the
+	 * recurrence within f32 rounding; 0 forces the recurrence (the reference path).
+	 */
+	void (*gdn)(struct sm70_backend *be, void *out, const void *qkv, const void *ba,
+		    int ba_ld, const float *a_log, const float *dt_bias,
+		    const struct sm70_state_layer *st, const struct sm70_state_layout *lay,
+		    const struct sm70_batch *b, int chunked);
+
+	/* gated_rmsnorm: for each of n rows and n_heads heads of dim values, in place on x
+	 * (act [n][n_heads * dim]): x = w * x * rsqrt(mean(x^2) + eps) * silu(z), w f32
+	 * [dim], z act with rows z_ld elements apart (head h at z + h * dim). */
+	void (*gated_rmsnorm)(struct sm70_backend *be, void *x, const void *z, int z_ld,
+			      const float *w, int n, int n_heads, int dim, float eps);
+
+	/* sigmoid_mul: x[i][j] *= sigmoid(gate[i * ld + j]) for i < n, j < dim; x act [n][dim]
+	 * contiguous, gate act (the output gate of gated attention). */
+	void (*sigmoid_mul)(struct sm70_backend *be, void *x, const void *gate, int ld, int n,
+			    int dim);
 
 	/* Optional graph capture (NULL: not supported). Between graph_begin and graph_end the
 	 * ops called are recorded, not run; graph_end returns a handle that graph_launch
