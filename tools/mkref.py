@@ -7,6 +7,13 @@ safetensors weights) and reference.json: the prompts, transformers' greedy conti
 computed in fp32 from the stored (bf16/fp16-rounded) weights, and the top logprobs of
 every step. The C tests replay these prompts and compare.
 
+Families are keyed by model_type: the config comes from AutoConfig.for_model and the
+model from AutoModelForCausalLM, or AutoModelForImageTextToText for the vision-language
+layouts (their text weights nest under model.language_model.; the reference runs text
+only). Hybrid fixtures (qwen3_5, qwen3_next) also store, for their first prompt, the
+hidden state after every layer (hidden.json), which is what a layer-by-layer comparison
+needs when a fixture disagrees.
+
 Non-goals: tokenizers (fixtures are token ids only), sampling references.
 
 Usage: python3 tools/mkref.py [--out tests/fixtures] [--only NAME] [--device cuda|cpu]
@@ -18,7 +25,7 @@ import shutil
 
 import torch
 import transformers
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText)
 
 TOP_N = 10
 
@@ -48,15 +55,93 @@ FIXTURES = {
                     initializer_range=0.1),
         dtype=torch.float16, shard=None,
         prompts=[3, 48, 129], new_tokens=20, eos=[383]),
+    # Hybrid: Gated DeltaNet layers (2 key / 4 value heads, k_dim 32 != v_dim 48) and gated
+    # full attention (GQA-6, head_dim 256, a quarter of it rotated). The 700-token prompt
+    # spans eleven 64-token chunks of the chunked delta rule.
+    "qwen3_5-gqa6-d256-hybrid": dict(
+        model_type="qwen3_5_text",
+        config=dict(vocab_size=512, hidden_size=128, intermediate_size=256,
+                    num_hidden_layers=5, num_attention_heads=6, num_key_value_heads=1,
+                    head_dim=256, linear_num_key_heads=2, linear_num_value_heads=4,
+                    linear_key_head_dim=32, linear_value_head_dim=48,
+                    linear_conv_kernel_dim=4,
+                    layer_types=["linear_attention", "full_attention", "linear_attention",
+                                 "linear_attention", "full_attention"],
+                    tie_word_embeddings=False, rms_norm_eps=1e-6,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0,
+                                         partial_rotary_factor=0.25),
+                    max_position_embeddings=4096, initializer_range=0.08),
+        dtype=torch.bfloat16, shard=None,
+        prompts=[1, 7, 64, 65, 200, 700], new_tokens=16, eos=[510]),
+    # The vision-language layout of the same family: model.language_model.*, a (tiny)
+    # model.visual.* the engine must ignore, tied embeddings, three GDN value heads per
+    # key head.
+    "qwen3_5-vl-tied": dict(
+        model_type="qwen3_5", vl=True,
+        config=dict(
+            text_config=dict(vocab_size=384, hidden_size=96, intermediate_size=192,
+                             num_hidden_layers=4, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=64, linear_num_key_heads=1,
+                             linear_num_value_heads=3, linear_key_head_dim=32,
+                             linear_value_head_dim=32, linear_conv_kernel_dim=4,
+                             tie_word_embeddings=True, rms_norm_eps=1e-6,
+                             rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                                                  partial_rotary_factor=0.25,
+                                                  mrope_section=[4, 2, 2]),
+                             max_position_embeddings=2048, initializer_range=0.08),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=96, patch_size=8, temporal_patch_size=2,
+                               spatial_merge_size=2, num_position_embeddings=16),
+            tie_word_embeddings=True),
+        dtype=torch.bfloat16, shard=None,
+        prompts=[5, 90, 150], new_tokens=16, eos=[383]),
+    # qwen3_next's attention/GDN stack with its fused, per-key-head interleaved projections
+    # (in_proj_qkvz, in_proj_ba) and dense MLPs on every layer (mlp_only_layers).
+    "qwen3_next-dense-fused": dict(
+        model_type="qwen3_next",
+        config=dict(vocab_size=448, hidden_size=128, intermediate_size=224,
+                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
+                    linear_key_head_dim=32, linear_value_head_dim=32,
+                    linear_conv_kernel_dim=4, mlp_only_layers=[0, 1, 2, 3],
+                    num_experts=4, num_experts_per_tok=2,
+                    tie_word_embeddings=False, rms_norm_eps=1e-6,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0,
+                                         partial_rotary_factor=0.25),
+                    max_position_embeddings=2048, initializer_range=0.08),
+        dtype=torch.bfloat16, shard=None,
+        prompts=[3, 130], new_tokens=16, eos=[447]),
 }
 
+# Norms whose weight is centred on zero (the layer computes x * (1 + w)).
+ZERO_CENTRED = ("qwen3_5_text", "qwen3_5", "qwen3_next")
 
-def perturb_norms(model, gen):
-    """Random RMSNorm weights (around 1) so a missing or misplaced norm changes the output."""
+
+def perturb_norms(model, gen, zero_centred):
+    """Random RMSNorm weights (an effective scale around 1) so a missing or misplaced norm
+    changes the output. Zero-centred norms get weights around 0, the plain gated norm of
+    the DeltaNet output around 1. The DeltaNet decay parameters are redrawn so the state
+    lives for tens of tokens (transformers' initial A up to 16 forgets it at once)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.25 * torch.randn(p.shape, generator=gen))
+                plain = not zero_centred or name.endswith("linear_attn.norm.weight")
+                p.copy_((1.0 if plain else 0.0) + 0.25 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.02, 0.8, generator=gen).log())
+            elif name.endswith("dt_bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+
+
+def model_classes(spec):
+    return AutoModelForImageTextToText if spec.get("vl") else AutoModelForCausalLM
+
+
+def layer_hidden(model, prompt, device):
+    """The hidden state after every layer for the prompt's tokens (hidden.json)."""
+    out = model(input_ids=torch.tensor([prompt], device=device), output_hidden_states=True)
+    hs = out.hidden_states
+    return [h[0].float().cpu().tolist() for h in hs]
 
 
 def greedy(model, prompt, new_tokens, eos, device):
@@ -85,9 +170,15 @@ def build(name, spec, outdir, device):
     seed = sum(map(ord, name))
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    cfg = Qwen3Config(**spec["config"], bos_token_id=0, eos_token_id=spec["eos"][0])
-    model = Qwen3ForCausalLM(cfg).float()
-    perturb_norms(model, gen)
+    mtype = spec.get("model_type", "qwen3")
+    cfg = AutoConfig.for_model(mtype, **spec["config"], bos_token_id=0,
+                               eos_token_id=spec["eos"][0])
+    if spec.get("vl"):
+        cfg.text_config.bos_token_id = 0
+        cfg.text_config.eos_token_id = spec["eos"][0]
+    cls = model_classes(spec)
+    model = cls.from_config(cfg).float()
+    perturb_norms(model, gen, mtype in ZERO_CENTRED)
     # Round the weights to the storage dtype first, so the reference sees exactly the
     # numbers the checkpoint holds.
     model = model.to(spec["dtype"])
@@ -102,18 +193,22 @@ def build(name, spec, outdir, device):
     # in-memory model back with .float() would not do: .to(bf16) also rounds the RoPE
     # inv_freq buffer, and .float() does not restore it.)
     del model
-    model = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                             attn_implementation="eager")
+    model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     model = model.to(device).eval()
+    vocab = cfg.text_config.vocab_size if spec.get("vl") else cfg.vocab_size
     cases = []
     with torch.no_grad():
         for n in spec["prompts"]:
-            prompt = torch.randint(0, cfg.vocab_size - 8, (n,), generator=gen).tolist()
+            prompt = torch.randint(0, vocab - 8, (n,), generator=gen).tolist()
             toks, tops = greedy(model, prompt, spec["new_tokens"], spec["eos"], device)
             margin = min(t[0]["logprob"] - t[1]["logprob"] for t in tops)
             print(f"{name}: prompt {n:5d} -> {len(toks)} tokens, min top1-top2 margin {margin:.4f}")
             cases.append({"prompt": prompt, "max_new_tokens": spec["new_tokens"],
                           "tokens": toks, "top_logprobs": tops, "min_margin": margin})
+            if mtype != "qwen3" and len(cases) == 2:
+                with open(os.path.join(path, "hidden.json"), "w") as f:
+                    json.dump({"prompt": prompt, "layers": layer_hidden(model, prompt,
+                                                                        device)}, f)
     ref = {"fixture": name, "transformers": transformers.__version__,
            "torch": torch.__version__, "compute": "float32 eager", "top_n": TOP_N,
            "cases": cases}

@@ -30,6 +30,7 @@ struct seq {
 	int n_cached;
 	int32_t *blocks;
 	int n_blocks, cap_blocks;
+	int state_slot;               /* recurrent-state slot while running, else -1 */
 	int cancelled;
 	int finished;
 	int no_publish;               /* never share its blocks (warm-up, skipped prefill) */
@@ -50,6 +51,8 @@ struct sm70_engine {
 	struct sm70_sampler *sampler;
 	struct sm70_block_pool pool;
 	int bs;
+	int32_t *free_slots;             /* recurrent-state slots not held by a sequence */
+	int n_free_slots;
 
 	struct seq **running; /* admission order, oldest first */
 	int n_running;
@@ -58,7 +61,7 @@ struct sm70_engine {
 	uint64_t next_id;
 
 	/* step scratch, sized at open */
-	int32_t *tok_ids, *tok_pos, *tok_seq, *tok_slot, *tables, *out_rows;
+	int32_t *tok_ids, *tok_pos, *tok_seq, *tok_slot, *tables, *out_rows, *seq_state;
 	int32_t *hit_ids;
 	int32_t *chunk_first, *chunk_len;    /* prefill chunks of the step being built */
 	struct sm70_sample_row *rows;        /* device sampling: one per out row */
@@ -90,8 +93,14 @@ static int blocks_for(const struct sm70_engine *e, int n_tokens)
 	return (n_tokens + e->bs - 1) / e->bs;
 }
 
+/* Returns what s holds of the sequence memory: its KV blocks and its state slot (whose
+ * contents mean nothing once n_cached is 0: a readmitted sequence starts at position 0). */
 static void seq_free_blocks(struct sm70_engine *e, struct seq *s)
 {
+	if (s->state_slot >= 0) {
+		e->free_slots[e->n_free_slots++] = s->state_slot;
+		s->state_slot = -1;
+	}
 	/* Release in reverse so a prefix's tail blocks are evicted before its head. */
 	for (int i = s->n_blocks - 1; i >= 0; i--)
 		sm70_block_pool_unref(&e->pool, s->blocks[i]);
@@ -218,6 +227,8 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 			    e->be->kv_dtype_default,
 		.dummy = opts->dummy_weights,
 		.dummy_seed = opts->dummy_seed,
+		.state_slots = opts->state_slots,
+		.gdn_recurrent = opts->gdn_recurrent,
 	};
 	ret = sm70_model_load_tp(&e->model, e->ck, e->ranks, e->opts.tp, e->comm, &mo, err);
 	if (ret)
@@ -229,9 +240,26 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 	e->max_blocks = blocks_for(e, e->model->cfg.max_position);
 	if (e->max_blocks > e->model->kv_lay.n_blocks)
 		e->max_blocks = e->model->kv_lay.n_blocks;
-	ret = sm70_block_pool_init(&e->pool, e->model->kv_lay.n_blocks, !opts->no_prefix_cache);
+	/* Prefix caching needs the architecture's word that a cached prefix is all a
+	 * sequence needs to go on (not so with a recurrent state: arch.h). */
+	e->stats.prefix_cache_off = opts->no_prefix_cache ? "turned off by configuration" :
+				    !(e->model->entry->caps & SM70_CAP_PREFIX_CACHE) ?
+				    e->model->entry->no_prefix_cache : NULL;
+	ret = sm70_block_pool_init(&e->pool, e->model->kv_lay.n_blocks,
+				   !e->stats.prefix_cache_off);
 	if (ret)
 		goto fail;
+	if (e->model->n_state_slots) {
+		e->free_slots = malloc(sizeof(int32_t) * (size_t)e->model->n_state_slots);
+		if (!e->free_slots) {
+			ret = -ENOMEM;
+			goto fail;
+		}
+		/* handed out lowest first */
+		for (int i = 0; i < e->model->n_state_slots; i++)
+			e->free_slots[i] = e->model->n_state_slots - 1 - i;
+		e->n_free_slots = e->model->n_state_slots;
+	}
 	ret = sm70_sampler_create(&e->sampler, V);
 	if (ret)
 		goto fail;
@@ -241,6 +269,7 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 	e->tok_seq = malloc(sizeof(int32_t) * (size_t)T);
 	e->tok_slot = malloc(sizeof(int32_t) * (size_t)T);
 	e->out_rows = malloc(sizeof(int32_t) * (size_t)S);
+	e->seq_state = malloc(sizeof(int32_t) * (size_t)S);
 	e->tables = malloc(sizeof(int32_t) * (size_t)S * (size_t)e->max_blocks);
 	e->step_seqs = malloc(sizeof(*e->step_seqs) * (size_t)S);
 	e->hit_ids = malloc(sizeof(int32_t) * (size_t)e->max_blocks);
@@ -253,13 +282,14 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 	e->step_take = malloc(sizeof(int) * (size_t)S);
 	e->logits = malloc(sizeof(float) * (size_t)S * (size_t)V);
 	if (!e->running || !e->tok_ids || !e->tok_pos || !e->tok_seq || !e->tok_slot ||
-	    !e->out_rows || !e->tables || !e->step_seqs || !e->step_take || !e->logits ||
+	    !e->out_rows || !e->seq_state || !e->tables || !e->step_seqs || !e->step_take || !e->logits ||
 	    !e->hit_ids || !e->rows || !e->results || !e->chunk_first || !e->chunk_len ||
 	    (e->opts.tp > 1 && !e->shards)) {
 		ret = -ENOMEM;
 		goto fail;
 	}
 	e->stats.kv_blocks_total = e->pool.n_blocks;
+	e->stats.state_slots_total = e->model->n_state_slots;
 	e->next_id = 1;
 	if (e->be->ops->graph_begin) {
 		/* Devices load kernels (ours and cuBLAS's) lazily on first use: pay that here,
@@ -304,6 +334,8 @@ void sm70_engine_close(struct sm70_engine *e)
 	free(e->tok_seq);
 	free(e->tok_slot);
 	free(e->out_rows);
+	free(e->seq_state);
+	free(e->free_slots);
 	free(e->tables);
 	free(e->step_seqs);
 	free(e->hit_ids);
@@ -407,6 +439,7 @@ int sm70_engine_submit(struct sm70_engine *e, const struct sm70_request *r, uint
 	memcpy(s->toks, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
 	s->n_toks = s->n_prompt = r->n_prompt;
 	s->cap_toks = cap;
+	s->state_slot = -1;
 	s->req = *r;
 	s->req.prompt = NULL;
 	s->id = e->next_id++;
@@ -442,6 +475,9 @@ void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats
 	s->running = e->n_running;
 	s->waiting = e->n_waiting;
 	s->kv_blocks_free = sm70_block_pool_available(&e->pool);
+	s->state_slots_free = e->n_free_slots;
+	s->state_bytes = sm70_model_state_bytes(e->model);
+	s->kv_bytes = (uint64_t)sm70_model_kv_block_bytes(e->model) * (uint64_t)e->pool.n_blocks;
 	s->prefix_evictions = e->pool.evictions;
 	s->weight_bytes = sm70_model_weight_bytes(e->model);
 	s->tp = e->model->tp;
@@ -559,7 +595,8 @@ static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 {
 	int n_ev = 0;
 
-	while (e->wait_head && e->n_running < e->opts.max_seqs) {
+	while (e->wait_head && e->n_running < e->opts.max_seqs &&
+	       (!e->model->n_state_slots || e->n_free_slots > 0)) {
 		struct seq *s = e->wait_head;
 		int need = blocks_for(e, s->n_toks), hits, parked;
 		struct sm70_block_key key;
@@ -577,6 +614,8 @@ static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		if (need - hits > sm70_block_pool_available(&e->pool) - parked)
 			break;
 		wait_pop(e);
+		if (e->model->n_state_slots)
+			s->state_slot = e->free_slots[--e->n_free_slots];
 		for (int i = 0; i < hits; i++) {
 			sm70_block_pool_ref(&e->pool, e->hit_ids[i]);
 			s->blocks[s->n_blocks++] = e->hit_ids[i];
@@ -713,6 +752,7 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 			}
 			if (s->n_blocks > max_blocks)
 				max_blocks = s->n_blocks;
+			e->seq_state[S] = s->state_slot;
 			e->step_seqs[S] = s;
 			e->step_take[S] = take;
 			S++;
@@ -734,6 +774,7 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		.n_out = n_out, .out_rows = e->out_rows,
 		.n_decode = n_decode, .n_chunks = n_chunks,
 		.chunk_first = e->chunk_first, .chunk_len = e->chunk_len,
+		.seq_state = e->model->n_state_slots ? e->seq_state : NULL,
 	};
 	e->step_n_out = n_out;
 	if (e->model->rank[0].shards)

@@ -9,9 +9,14 @@
  * and it is recomputed later from its prompt plus what it already generated (sampling
  * is counter-based, so it continues exactly where it stopped). No request is dropped.
  *
- * Prefix caching (on unless no_prefix_cache): full KV blocks are published under the
- * hash of the whole prefix they complete; an admitted request takes the blocks of its
- * longest cached prefix and computes only the rest (see block_pool.h).
+ * Prefix caching (on unless no_prefix_cache, or the architecture keeps state a cached
+ * prefix cannot restore): full KV blocks are published under the hash of the whole
+ * prefix they complete; an admitted request takes the blocks of its longest cached
+ * prefix and computes only the rest (see block_pool.h).
+ *
+ * Models with recurrent layers (Gated DeltaNet) also give each running sequence a state
+ * slot: admission needs a free slot as well as KV blocks, and preemption or finishing
+ * returns it (a readmitted sequence recomputes from position 0, which resets its state).
  *
  * Non-goals here: priorities and fairness between clients (the daemon's scheduler).
  * Not thread-safe: one thread drives an engine.
@@ -52,6 +57,8 @@ struct sm70_engine_opts {
 	size_t kv_bytes;          /* KV budget when kv_blocks is 0 (default 256 MiB) */
 	enum sm70_dtype kv_dtype; /* SM70_DTYPE_COUNT: the backend's default */
 	int no_prefix_cache;      /* turn prefix caching off */
+	int state_slots;          /* recurrent-state slots; 0: max_seqs (recurrent models) */
+	int gdn_recurrent;        /* DeltaNet prefill by the recurrence, not the chunked form */
 };
 
 struct sm70_request {
@@ -100,6 +107,11 @@ struct sm70_engine_stats {
 	uint64_t graph_captures;
 	uint64_t shard_fallbacks; /* sharded rows sampled from the gathered row (sampler_tp.h) */
 	int tp;
+	uint64_t kv_bytes;        /* the KV cache, over all ranks */
+	int state_slots_total;    /* recurrent-state slots (0: the model has no recurrent layers) */
+	int state_slots_free;
+	uint64_t state_bytes;     /* the recurrent state memory, over all ranks */
+	const char *prefix_cache_off; /* why prefix caching is off (static text), or NULL */
 };
 
 struct sm70_engine;

@@ -1,9 +1,10 @@
 /*
- * model.c - model-independent loading: config, the split over tensor-parallel ranks, KV
- * cache memory, step workspace, weight helpers shared by the architectures, and the
- * upload/forward/download of one step on every rank.
+ * model.c - model-independent loading: config, the split over tensor-parallel ranks, the
+ * sequence memory (paged KV for attention layers, state slots for recurrent ones), step
+ * workspace, and the upload/forward/download of one eager step on every rank. Weights
+ * are weights.c's, captured decode steps graphs.c's, the layers layers.c's.
  */
-#include "daemon/engine/model.h"
+#include "daemon/engine/model_internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -12,20 +13,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Offsets (in int32 elements) of the arrays inside the uploaded batch buffer. */
-struct batch_offsets {
-	size_t ids, pos, seq, slot, tables, out, chunk_first, chunk_len, total;
-};
-
-static int max_blocks_per_seq(const struct sm70_model *m)
+int sm70__max_blocks_per_seq(const struct sm70_model *m)
 {
 	int by_pos = (m->cfg.max_position + m->opts.block_size - 1) / m->opts.block_size;
 	return by_pos < m->kv_lay.n_blocks ? by_pos : m->kv_lay.n_blocks;
 }
 
-static struct batch_offsets batch_layout(const struct sm70_model *m)
+struct sm70__batch_offsets sm70__batch_layout(const struct sm70_model *m)
 {
-	struct batch_offsets o;
+	struct sm70__batch_offsets o;
 	size_t t = (size_t)m->opts.max_tokens, s = (size_t)m->opts.max_seqs;
 
 	o.ids = 0;
@@ -35,25 +31,44 @@ static struct batch_offsets batch_layout(const struct sm70_model *m)
 	o.out = o.slot + t;
 	o.chunk_first = o.out + s;
 	o.chunk_len = o.chunk_first + s;
-	o.tables = o.chunk_len + s;
-	o.total = o.tables + s * (size_t)max_blocks_per_seq(m);
+	o.state = o.chunk_len + s;
+	o.tables = o.state + s;
+	o.total = o.tables + s * (size_t)sm70__max_blocks_per_seq(m);
 	return o;
 }
 
 size_t sm70_model_kv_block_bytes(const struct sm70_model *m)
 {
-	return (size_t)m->cfg.n_layers * 2 * (size_t)m->opts.block_size *
+	return (size_t)m->cfg.n_attn_layers * 2 * (size_t)m->opts.block_size *
 	       (size_t)m->kv_lay.n_kv_heads * (size_t)m->cfg.head_dim *
 	       sm70_dtype_size(m->opts.kv_dtype);
 }
 
-static const struct sm70_arch_ops *arch_for(enum sm70_arch a)
+/* One slot of rank r's recurrent layers: conv window (act) and delta-rule state (f32). */
+static size_t rank_slot_bytes(const struct sm70_model *m, int r)
 {
-	switch (a) {
-	case SM70_ARCH_QWEN3:
-		return &sm70__arch_qwen3;
-	}
-	return NULL;
+	const struct sm70_state_layout *L = &m->rank[r].state_lay;
+	size_t act = sm70_dtype_size(m->rank[r].be->act_dtype);
+
+	return (size_t)m->cfg.hybrid.n_gdn_layers *
+	       ((size_t)(L->conv_k - 1) * L->conv_dim * act +
+		(size_t)L->n_v_heads * L->k_dim * L->v_dim * sizeof(float));
+}
+
+size_t sm70_model_state_slot_bytes(const struct sm70_model *m)
+{
+	size_t n = 0;
+
+	if (!m->n_state_slots)
+		return 0;
+	for (int r = 0; r < m->tp; r++)
+		n += rank_slot_bytes(m, r);
+	return n;
+}
+
+size_t sm70_model_state_bytes(const struct sm70_model *m)
+{
+	return sm70_model_state_slot_bytes(m) * (size_t)(m->n_state_slots + 1);
 }
 
 static int check_opts(const struct sm70_model_opts *o, struct sm70_err *err)
@@ -103,6 +118,8 @@ static int alloc_kv(struct sm70_model *m, struct sm70_err *err)
 		if (!rk->kv)
 			return -ENOMEM;
 		for (int l = 0; l < m->cfg.n_layers; l++) {
+			if (m->cfg.layer_kind[l] != SM70_LAYER_ATTENTION)
+				continue;
 			rk->kv[l].k = be->ops->buf_alloc(be, layer_bytes);
 			rk->kv[l].v = be->ops->buf_alloc(be, layer_bytes);
 			rk->kv[l].k_scale = 1.0f;
@@ -111,6 +128,72 @@ static int alloc_kv(struct sm70_model *m, struct sm70_err *err)
 				return sm70_errf(err, -ENOMEM, "cannot allocate the KV cache of "
 						 "layer %d (%zu bytes for K and as many for V on %s, "
 						 "rank %d)", l, layer_bytes, be->name, r);
+		}
+	}
+	return 0;
+}
+
+/* Zeroes n bytes of backend memory through a host buffer of zeros. */
+static int zero_fill(struct sm70_backend *be, void *dst, size_t n)
+{
+	enum { CHUNK = 1 << 20 };
+	static const char zeros[CHUNK];
+	int ret = 0;
+
+	for (size_t off = 0; off < n && !ret; off += CHUNK)
+		ret = be->ops->upload(be, (char *)dst + off, zeros, n - off < CHUNK ? n - off : CHUNK);
+	return ret ? ret : be->ops->sync(be);
+}
+
+/*
+ * The state slots of the recurrent layers: opts.state_slots (default max_seqs, the most
+ * sequences that can run at once) plus the scratch slot padding rows write to. Zeroed
+ * once so that even a benchmark that skips the prefill reads finite numbers; the ops
+ * reset a slot at a sequence's position 0 themselves.
+ */
+static int alloc_state(struct sm70_model *m, struct sm70_err *err)
+{
+	const struct sm70_gdn_config *g = &m->cfg.hybrid.gdn;
+
+	if (!m->cfg.hybrid.n_gdn_layers)
+		return 0;
+	m->n_state_slots = m->opts.state_slots > 0 ? m->opts.state_slots : m->opts.max_seqs;
+	for (int r = 0; r < m->tp; r++) {
+		struct sm70_model_rank *rk = &m->rank[r];
+		struct sm70_backend *be = rk->be;
+		struct sm70_state_layout *L = &rk->state_lay;
+		size_t slots = (size_t)m->n_state_slots + 1, conv_bytes, ssm_bytes;
+
+		L->n_slots = m->n_state_slots;
+		L->conv_k = g->conv_k;
+		L->k_dim = g->k_dim;
+		L->v_dim = g->v_dim;
+		L->n_k_heads = g->n_k_heads / m->tp;
+		L->n_v_heads = g->n_v_heads / m->tp;
+		L->conv_dim = 2 * L->n_k_heads * L->k_dim + L->n_v_heads * L->v_dim;
+		conv_bytes = slots * (size_t)(L->conv_k - 1) * L->conv_dim *
+			     sm70_dtype_size(be->act_dtype);
+		ssm_bytes = slots * (size_t)L->n_v_heads * L->k_dim * L->v_dim * sizeof(float);
+		rk->state = calloc((size_t)m->cfg.n_layers, sizeof(*rk->state));
+		if (!rk->state)
+			return -ENOMEM;
+		for (int l = 0; l < m->cfg.n_layers; l++) {
+			struct sm70_state_layer *s = &rk->state[l];
+			int ret;
+
+			if (m->cfg.layer_kind[l] != SM70_LAYER_GDN)
+				continue;
+			s->conv = conv_bytes ? be->ops->buf_alloc(be, conv_bytes) : NULL;
+			s->ssm = be->ops->buf_alloc(be, ssm_bytes);
+			if ((conv_bytes && !s->conv) || !s->ssm)
+				return sm70_errf(err, -ENOMEM, "cannot allocate the recurrent state "
+						 "of layer %d (%d slots: %zu + %zu bytes on %s, rank "
+						 "%d)", l, m->n_state_slots, conv_bytes, ssm_bytes,
+						 be->name, r);
+			if ((conv_bytes && (ret = zero_fill(be, s->conv, conv_bytes))) ||
+			    (ret = zero_fill(be, s->ssm, ssm_bytes)))
+				return sm70_errf(err, ret, "cannot clear the recurrent state of "
+						 "layer %d on %s", l, be->name);
 		}
 	}
 	return 0;
@@ -136,6 +219,7 @@ static void split_ranks(struct sm70_model *m)
 			rk->kv_head0 = r * c->n_kv_heads / tp;
 		}
 		rk->inter = c->intermediate_size / tp;
+		rk->gdn_k0 = r * (c->hybrid.gdn.n_k_heads / tp);
 		rk->vocab0 = r * vshare < c->vocab_size ? r * vshare : c->vocab_size;
 		rk->vocab_n = c->vocab_size - rk->vocab0 < vshare ? c->vocab_size - rk->vocab0 :
 				vshare;
@@ -161,6 +245,9 @@ static int check_tp(const struct sm70_model *m, struct sm70_err *err)
 	if (c->vocab_size < tp)
 		return sm70_errf(err, -EINVAL, "tensor parallelism %d exceeds the vocabulary",
 				 tp);
+	if (!(m->entry->caps & SM70_CAP_TP))
+		return sm70_errf(err, -ENOTSUP, "tensor parallelism is not supported for %s "
+				 "models", c->model_type);
 	return m->arch->check_tp ? m->arch->check_tp(m, err) : 0;
 }
 
@@ -169,7 +256,7 @@ static int alloc_rank(struct sm70_model *m, int r, struct sm70_err *err)
 {
 	struct sm70_model_rank *rk = &m->rank[r];
 	struct sm70_backend *be = rk->be;
-	struct batch_offsets bo = batch_layout(m);
+	struct sm70__batch_offsets bo = sm70__batch_layout(m);
 	size_t S = (size_t)m->opts.max_seqs;
 
 	rk->batch_buf = be->ops->buf_alloc(be, bo.total * sizeof(int32_t));
@@ -196,7 +283,7 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 		       const struct sm70_model_opts *opts, struct sm70_err *err)
 {
 	struct sm70_model *m;
-	struct batch_offsets bo;
+	struct sm70__batch_offsets bo;
 	const char *env;
 	int ret;
 
@@ -222,16 +309,26 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 				      sm70_ckpt_generation_config(ck), err);
 	if (ret)
 		goto fail;
-	m->arch = arch_for(m->cfg.arch);
+	m->entry = sm70__arch_of(&m->cfg);
+	m->arch = m->entry ? m->entry->ops : NULL;
 	if (!m->arch) {
 		ret = sm70_errf(err, -ENOTSUP, "no engine for model_type '%s'", m->cfg.model_type);
 		goto fail;
+	}
+	/* an op the architecture needs but a backend lacks is refused here, by name */
+	for (int r = 0; r < tp; r++) {
+		ret = sm70__arch_check_ops(m->entry, be[r], err);
+		if (ret)
+			goto fail;
 	}
 	ret = check_tp(m, err);
 	if (ret)
 		goto fail;
 	split_ranks(m);
 	ret = alloc_kv(m, err);
+	if (ret)
+		goto fail;
+	ret = alloc_state(m, err);
 	if (ret)
 		goto fail;
 	for (int r = 0; r < tp; r++) {
@@ -252,7 +349,7 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 		   strcmp(env, "silu") == 0 ? SM70_FUSED_SILU : SM70_FUSED_ALL;
 	env = getenv("SM70_BENCH_SKIP_ALLREDUCE");
 	m->bench_skip_allreduce = env && strcmp(env, "1") == 0;
-	bo = batch_layout(m);
+	bo = sm70__batch_layout(m);
 	if (be[0]->ops->graph_begin && (m->rank[0].sample_out || m->rank[0].shards)) {
 		env = getenv("SM70_GRAPHS");
 		m->graphs_on = !(env && strcmp(env, "0") == 0);
@@ -302,6 +399,13 @@ void sm70_model_free(struct sm70_model *m)
 			}
 			free(rk->kv);
 		}
+		if (rk->state) {
+			for (int l = 0; l < m->cfg.n_layers; l++) {
+				be->ops->buf_free(be, rk->state[l].conv);
+				be->ops->buf_free(be, rk->state[l].ssm);
+			}
+			free(rk->state);
+		}
 		be->ops->buf_free(be, rk->shards);
 		be->ops->buf_free(be, rk->sample_out);
 		be->ops->buf_free(be, rk->sample_rows);
@@ -321,7 +425,7 @@ size_t sm70_model_weight_bytes(const struct sm70_model *m)
 	return n;
 }
 
-static int check_step(const struct sm70_model *m, const struct sm70_step *st)
+int sm70__check_step(const struct sm70_model *m, const struct sm70_step *st)
 {
 	int covered = st->n_decode;
 
@@ -342,10 +446,17 @@ static int check_step(const struct sm70_model *m, const struct sm70_step *st)
 		return -EINVAL;
 	if (st->n_out < 0 || st->n_out > m->opts.max_seqs)
 		return -EINVAL;
-	if (st->max_blocks <= 0 || st->max_blocks > max_blocks_per_seq(m))
+	if (st->max_blocks <= 0 || st->max_blocks > sm70__max_blocks_per_seq(m))
 		return -EINVAL;
 	if (st->max_pos <= 0 || st->max_pos > m->cfg.max_position)
 		return -EINVAL;
+	if (m->n_state_slots) {
+		if (!st->seq_state)
+			return -EINVAL;
+		for (int s = 0; s < st->n_seqs; s++)
+			if (st->seq_state[s] < 0 || st->seq_state[s] >= m->n_state_slots)
+				return -EINVAL;
+	}
 	return 0;
 }
 
@@ -353,11 +464,11 @@ static int check_step(const struct sm70_model *m, const struct sm70_step *st)
  * ranks. */
 static int run_step(struct sm70_model *m, const struct sm70_step *st)
 {
-	struct batch_offsets bo = batch_layout(m);
+	struct sm70__batch_offsets bo = sm70__batch_layout(m);
 	size_t tok_bytes = (size_t)st->n_tokens * sizeof(int32_t);
 	int ret;
 
-	ret = check_step(m, st);
+	ret = sm70__check_step(m, st);
 	if (ret)
 		return ret;
 	for (int r = 0; r < m->tp; r++) {
@@ -374,6 +485,9 @@ static int run_step(struct sm70_model *m, const struct sm70_step *st)
 		if (st->n_out)
 			be->ops->upload(be, base + bo.out, st->out_rows,
 					(size_t)st->n_out * sizeof(int32_t));
+		if (m->n_state_slots)
+			be->ops->upload(be, base + bo.state, st->seq_state,
+					(size_t)st->n_seqs * sizeof(int32_t));
 		if (st->n_chunks) {
 			be->ops->upload(be, base + bo.chunk_first, st->chunk_first,
 					(size_t)st->n_chunks * sizeof(int32_t));
@@ -398,14 +512,14 @@ static int run_step(struct sm70_model *m, const struct sm70_step *st)
 			.chunk_len = base + bo.chunk_len,
 			.chunk_first_host = st->chunk_first,
 			.chunk_len_host = st->chunk_len,
+			.seq_state = m->n_state_slots ? base + bo.state : NULL,
 		};
 	}
 	m->arch->forward(m);
 	return 0;
 }
 
-/* Waits for every rank; returns the first error. */
-static int sync_all(struct sm70_model *m)
+int sm70__sync_all(struct sm70_model *m)
 {
 	int ret = 0;
 
@@ -427,7 +541,7 @@ int sm70_model_row_logits(struct sm70_model *m, int i, float *host)
 		if (ret)
 			return ret;
 	}
-	return sync_all(m);
+	return sm70__sync_all(m);
 }
 
 int sm70_model_forward(struct sm70_model *m, const struct sm70_step *st, float *host_logits)
@@ -449,27 +563,12 @@ int sm70_model_forward(struct sm70_model *m, const struct sm70_step *st, float *
 		if (ret)
 			return ret;
 	}
-	return sync_all(m);
-}
-
-/* The padded batch size a decode-only step of n sequences replays, or 0 for none. */
-static int graph_batch(const struct sm70_model *m, const struct sm70_step *st)
-{
-	int b = 1;
-
-	if (!m->graphs_on || st->n_tokens != st->n_seqs || st->n_out != st->n_tokens)
-		return 0;
-	for (int i = 0; i < st->n_out; i++)
-		if (st->out_rows[i] != i || st->tok_seq[i] != i)
-			return 0;
-	while (b < st->n_tokens)
-		b *= 2;
-	return b <= 16 && b <= m->opts.max_seqs ? b : 0;
+	return sm70__sync_all(m);
 }
 
 /* The sampling work that follows the forward on each rank: the device sampler with one
  * rank, the slice summaries with several. */
-static void queue_sampling(struct sm70_model *m, int n)
+void sm70__queue_sampling(struct sm70_model *m, int n)
 {
 	for (int r = 0; r < m->tp; r++) {
 		struct sm70_model_rank *rk = &m->rank[r];
@@ -485,7 +584,7 @@ static void queue_sampling(struct sm70_model *m, int n)
 
 /* Downloads the sampling results of n rows: results (one rank) or summaries (out[r * n
  * + i], one copy per rank). */
-static int fetch_sampling(struct sm70_model *m, int n, void *out)
+int sm70__fetch_sampling(struct sm70_model *m, int n, void *out)
 {
 	int ret;
 
@@ -495,7 +594,7 @@ static int fetch_sampling(struct sm70_model *m, int n, void *out)
 					    sizeof(*rk->sample_out) * (size_t)n);
 		if (ret)
 			return ret;
-		return sync_all(m);
+		return sm70__sync_all(m);
 	}
 	for (int r = 0; r < m->tp; r++) {
 		struct sm70_model_rank *rk = &m->rank[r];
@@ -505,124 +604,7 @@ static int fetch_sampling(struct sm70_model *m, int n, void *out)
 		if (ret)
 			return ret;
 	}
-	return sync_all(m);
-}
-
-/* Captures the forward and the sampling work of the batch now in every rank's batch. */
-static int capture(struct sm70_model *m, int B, void *exec[])
-{
-	int ret = 0, begun = 0;
-
-	for (; begun < m->tp; begun++) {
-		struct sm70_backend *be = m->rank[begun].be;
-		ret = be->ops->graph_begin(be);
-		if (ret)
-			break;
-	}
-	if (!ret) {
-		m->arch->forward(m);
-		queue_sampling(m, B);
-	}
-	for (int r = 0; r < begun; r++) {
-		struct sm70_backend *be = m->rank[r].be;
-		int e = be->ops->graph_end(be, &exec[r]);
-		if (e && !ret)
-			ret = e;
-	}
-	return ret;
-}
-
-/*
- * A decode-only step as a graph replay: the step is padded to B rows (padding rows are
- * greedy, at position 0 of a scratch block) and its context rounded up to a power-of-two
- * bucket, so that every scalar the kernels see is the same at each replay of (B, bucket);
- * only buffer contents change.
- */
-static int forward_graph(struct sm70_model *m, const struct sm70_step *st, int B,
-			 const struct sm70_sample_row *rows, void *out)
-{
-	struct batch_offsets bo = batch_layout(m);
-	int32_t *h = m->pad_host;
-	struct sm70_sample_row *hr = (struct sm70_sample_row *)(h + bo.total);
-	int bs = m->opts.block_size, scratch = m->kv_lay.n_blocks, bucket = 512, mb, ret;
-	struct sm70_graph *g = NULL;
-
-	while (bucket < st->max_pos)
-		bucket *= 2;
-	if (bucket > m->cfg.max_position)
-		bucket = m->cfg.max_position;
-	mb = (bucket + bs - 1) / bs;
-	if (mb > max_blocks_per_seq(m) || st->max_blocks > mb)
-		return -EAGAIN; /* not replayable: the caller runs it eagerly */
-
-	for (int i = 0; i < B; i++) {
-		int real = i < st->n_tokens;
-		int32_t *row = h + bo.tables + (size_t)i * mb;
-
-		h[bo.ids + i] = real ? st->tok_ids[i] : 0;
-		h[bo.pos + i] = real ? st->tok_pos[i] : 0;
-		h[bo.seq + i] = i;
-		h[bo.slot + i] = real ? st->tok_slot[i] : scratch * bs;
-		h[bo.out + i] = i;
-		memset(row, 0, sizeof(int32_t) * (size_t)mb);
-		if (real)
-			memcpy(row, st->block_tables + (size_t)i * st->max_blocks,
-			       sizeof(int32_t) * (size_t)st->max_blocks);
-		else
-			row[0] = scratch;
-		hr[i] = real ? rows[i] : (struct sm70_sample_row){ .top_p = 1.0f };
-	}
-	for (int r = 0; r < m->tp; r++) {
-		struct sm70_backend *be = m->rank[r].be;
-		int32_t *base = m->rank[r].batch_buf;
-
-		be->ops->upload(be, base + bo.ids, h + bo.ids, sizeof(int32_t) * (size_t)B);
-		be->ops->upload(be, base + bo.pos, h + bo.pos, sizeof(int32_t) * (size_t)B);
-		be->ops->upload(be, base + bo.seq, h + bo.seq, sizeof(int32_t) * (size_t)B);
-		be->ops->upload(be, base + bo.slot, h + bo.slot, sizeof(int32_t) * (size_t)B);
-		be->ops->upload(be, base + bo.out, h + bo.out, sizeof(int32_t) * (size_t)B);
-		be->ops->upload(be, base + bo.tables, h + bo.tables,
-				sizeof(int32_t) * (size_t)B * mb);
-		be->ops->upload(be, m->rank[r].sample_rows, hr, sizeof(*hr) * (size_t)B);
-	}
-
-	for (int i = 0; i < m->n_graphs; i++)
-		if (m->graphs[i].batch == B && m->graphs[i].bucket == bucket)
-			g = &m->graphs[i];
-	if (!g) {
-		void *exec[SM70_MAX_TP] = { 0 };
-		if (m->n_graphs == (int)(sizeof(m->graphs) / sizeof(m->graphs[0])))
-			return -EAGAIN;
-		for (int r = 0; r < m->tp; r++) {
-			int32_t *base = m->rank[r].batch_buf;
-			m->rank[r].batch = (struct sm70_batch){
-				.n_tokens = B, .n_seqs = B, .max_blocks = mb, .max_pos = bucket,
-				.tok_ids = base + bo.ids, .tok_pos = base + bo.pos,
-				.tok_seq = base + bo.seq, .tok_slot = base + bo.slot,
-				.block_tables = base + bo.tables,
-				.n_out = B, .out_rows = base + bo.out, .n_decode = B,
-			};
-		}
-		ret = capture(m, B, exec);
-		if (ret) {
-			for (int r = 0; r < m->tp; r++)
-				if (exec[r])
-					m->rank[r].be->ops->graph_destroy(m->rank[r].be, exec[r]);
-			return ret;
-		}
-		g = &m->graphs[m->n_graphs++];
-		g->batch = B;
-		g->bucket = bucket;
-		memcpy(g->exec, exec, sizeof(exec));
-		m->graph_captures++;
-	}
-	for (int r = 0; r < m->tp; r++) {
-		ret = m->rank[r].be->ops->graph_launch(m->rank[r].be, g->exec[r]);
-		if (ret)
-			return ret;
-	}
-	m->graph_replays++;
-	return fetch_sampling(m, st->n_out, out);
+	return sm70__sync_all(m);
 }
 
 /* A step whose sampling work runs on the ranks: replayed when it can be, else eager. */
@@ -631,9 +613,9 @@ static int forward_sampled(struct sm70_model *m, const struct sm70_step *st,
 {
 	int B, ret;
 
-	B = graph_batch(m, st);
-	if (B && check_step(m, st) == 0) {
-		ret = forward_graph(m, st, B, rows, out);
+	B = sm70__graph_batch(m, st);
+	if (B && sm70__check_step(m, st) == 0) {
+		ret = sm70__forward_graph(m, st, B, rows, out);
 		if (ret != -EAGAIN)
 			return ret;
 	}
@@ -641,13 +623,13 @@ static int forward_sampled(struct sm70_model *m, const struct sm70_step *st,
 	if (ret)
 		return ret;
 	if (!st->n_out)
-		return sync_all(m);
+		return sm70__sync_all(m);
 	for (int r = 0; r < m->tp; r++) {
 		struct sm70_backend *be = m->rank[r].be;
 		be->ops->upload(be, m->rank[r].sample_rows, rows, sizeof(*rows) * (size_t)st->n_out);
 	}
-	queue_sampling(m, st->n_out);
-	return fetch_sampling(m, st->n_out, out);
+	sm70__queue_sampling(m, st->n_out);
+	return sm70__fetch_sampling(m, st->n_out, out);
 }
 
 int sm70_model_forward_sample(struct sm70_model *m, const struct sm70_step *st,
@@ -667,280 +649,3 @@ int sm70_model_forward_shards(struct sm70_model *m, const struct sm70_step *st,
 	return forward_sampled(m, st, rows, out);
 }
 
-/* ---- weights --------------------------------------------------------------------------- */
-
-/* The splitmix64 finaliser. */
-static uint64_t mix64(uint64_t z)
-{
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static uint64_t name_seed(const char *name, uint64_t seed)
-{
-	uint64_t h = 0xcbf29ce484222325ull ^ seed; /* FNV-1a */
-
-	for (; *name; name++)
-		h = (h ^ (unsigned char)*name) * 0x100000001b3ull;
-	return h;
-}
-
-/* The dummy value of element i of a tensor seeded with s: uniform in [-1, 1). */
-static float dummy_at(uint64_t s, uint64_t i)
-{
-	uint64_t z = mix64(s + (i + 1) * 0x9e3779b97f4a7c15ull);
-
-	return (float)((double)(z >> 40) * 0x1p-23 - 1.0);
-}
-
-/*
- * Dummy weights: a [rows, cols] window at (row0, col0) of a tensor with full_cols columns,
- * each value scale * dummy_at(seed, flat index), rounded to bf16 (as a real checkpoint
- * would hold) and stored as dt. Rows are spread over threads, because an 8B-parameter
- * model has 8e9 values; the values do not depend on the thread count.
- */
-struct dummy_job {
-	void *dst;
-	enum sm70_dtype dt;
-	uint64_t seed;
-	float scale;
-	size_t full_cols, row0, rows, col0, cols;
-	size_t next_row; /* claimed in bands with __atomic_fetch_add */
-};
-
-#define DUMMY_BAND 16
-
-static void dummy_rows(const struct dummy_job *j, size_t r0, size_t r1)
-{
-	for (size_t r = r0; r < r1; r++) {
-		uint64_t base = (uint64_t)(j->row0 + r) * j->full_cols + j->col0;
-
-		for (size_t c = 0; c < j->cols; c++) {
-			size_t i = r * j->cols + c;
-			uint16_t b = sm70_f32_to_bf16(j->scale * dummy_at(j->seed, base + c));
-			float v = sm70_bf16_to_f32(b);
-			if (j->dt == SM70_DTYPE_BF16)
-				((uint16_t *)j->dst)[i] = b;
-			else if (j->dt == SM70_DTYPE_F16)
-				((uint16_t *)j->dst)[i] = sm70_f32_to_f16(v);
-			else
-				((float *)j->dst)[i] = v;
-		}
-	}
-}
-
-static void *dummy_worker(void *arg)
-{
-	struct dummy_job *j = arg;
-	size_t r;
-
-	while ((r = __atomic_fetch_add(&j->next_row, DUMMY_BAND, __ATOMIC_RELAXED)) < j->rows)
-		dummy_rows(j, r, r + DUMMY_BAND < j->rows ? r + DUMMY_BAND : j->rows);
-	return NULL;
-}
-
-static void dummy_fill(struct dummy_job *j)
-{
-	pthread_t th[32];
-	long n = sysconf(_SC_NPROCESSORS_ONLN);
-	int started = 0;
-
-	if (n > 32)
-		n = 32;
-	if (j->rows * j->cols >= ((size_t)4 << 20))
-		for (; started < n - 1; started++)
-			if (pthread_create(&th[started], NULL, dummy_worker, j))
-				break;
-	dummy_worker(j); /* the caller works too; alone if threads could not start */
-	for (int i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
-}
-
-/*
- * Converts count elements of src (src_dt) into dst (dt), in chunks through an f32
- * buffer. Values beyond the f16 range are clamped to +-65504 and counted in
- * m->clamped_values (bf16 checkpoints can hold them).
- */
-static int convert_weight(struct sm70_model *m, void *dst, enum sm70_dtype dt, const void *src,
-			  enum sm70_dtype src_dt, size_t count, const char *name,
-			  struct sm70_err *err)
-{
-	enum { CHUNK = 4096 };
-	float buf[CHUNK];
-	size_t src_esz = sm70_dtype_size(src_dt), dst_esz = sm70_dtype_size(dt);
-
-	for (size_t i = 0; i < count; i += CHUNK) {
-		size_t n = count - i < CHUNK ? count - i : CHUNK;
-		char *d = (char *)dst + i * dst_esz;
-
-		sm70_convert_to_f32(buf, (const char *)src + i * src_esz, src_dt, n);
-		for (size_t k = 0; k < n; k++) {
-			float v = buf[k];
-			uint16_t h;
-			switch (dt) {
-			case SM70_DTYPE_F32:
-				memcpy(d + 4 * k, &v, 4);
-				break;
-			case SM70_DTYPE_F16:
-				if (v > 65504.0f || v < -65504.0f) {
-					v = v > 0 ? 65504.0f : -65504.0f;
-					m->clamped_values++;
-				}
-				h = sm70_f32_to_f16(v);
-				memcpy(d + 2 * k, &h, 2);
-				break;
-			case SM70_DTYPE_BF16:
-				h = sm70_f32_to_bf16(v);
-				memcpy(d + 2 * k, &h, 2);
-				break;
-			default:
-				return sm70_errf(err, -EINVAL, "cannot store %s as %s", name,
-						 sm70_dtype_name(dt));
-			}
-		}
-	}
-	return 0;
-}
-
-/* Copies the window of part p (rows x cols at col0) of tensor t into dst as dt. */
-static int copy_window(struct sm70_model *m, void *dst, enum sm70_dtype dt,
-		       const struct sm70_st_tensor *t, const struct sm70_weight_part *p,
-		       int full_cols, int col0, int cols, struct sm70_err *err)
-{
-	size_t src_esz = sm70_dtype_size(t->dtype), dst_esz = sm70_dtype_size(dt);
-	int whole_rows = col0 == 0 && cols == full_cols;
-	/* whole rows are one contiguous run; a column window is one run per row */
-	int runs = whole_rows ? 1 : p->rows;
-	size_t run = whole_rows ? (size_t)p->rows * cols : (size_t)cols;
-
-	for (int i = 0; i < runs; i++) {
-		const char *src = (const char *)t->data +
-				  (((size_t)p->row0 + i) * full_cols + col0) * src_esz;
-		char *d = (char *)dst + (size_t)i * run * dst_esz;
-		int ret;
-
-		if (t->dtype == dt) {
-			memcpy(d, src, run * dst_esz);
-			continue;
-		}
-		ret = convert_weight(m, d, dt, src, t->dtype, run, p->name, err);
-		if (ret)
-			return ret;
-	}
-	return 0;
-}
-
-int sm70__weight_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
-		      struct sm70_weight *w, const struct sm70_weight_part *parts, int n,
-		      int full_cols, int col0, int cols, struct sm70_err *err)
-{
-	struct sm70_backend *be = m->rank[r].be;
-	const struct sm70_st_tensor *t[8];
-	enum sm70_dtype dt = SM70_DTYPE_BF16;
-	size_t esz, total_rows = 0, off = 0;
-	uint8_t *host = NULL;
-	int ret = 0;
-
-	if (n < 1 || n > 8 || col0 < 0 || cols < 1 || col0 + cols > full_cols)
-		return -EINVAL;
-	for (int i = 0; i < n; i++) {
-		if (parts[i].row0 < 0 || parts[i].rows < 1 ||
-		    parts[i].row0 + parts[i].rows > parts[i].full_rows)
-			return -EINVAL;
-		total_rows += (size_t)parts[i].rows;
-		if (m->opts.dummy)
-			continue;
-		int64_t shape[2] = { parts[i].full_rows, full_cols };
-		ret = sm70_ckpt_get(ck, parts[i].name, 2, shape, &t[i], err);
-		if (ret)
-			return ret;
-	}
-	/* Stacked tensors keep their dtype when they agree, else become f32; a backend that
-	 * wants one weight dtype gets that. */
-	if (!m->opts.dummy) {
-		dt = t[0]->dtype;
-		for (int i = 1; i < n; i++)
-			if (t[i]->dtype != dt)
-				dt = SM70_DTYPE_F32;
-	}
-	if (be->weight_dtype != SM70_DTYPE_COUNT)
-		dt = be->weight_dtype;
-	esz = sm70_dtype_size(dt);
-	host = malloc(total_rows * (size_t)cols * esz);
-	if (!host)
-		return sm70_errf(err, -ENOMEM, "out of host memory loading %s", parts[0].name);
-	for (int i = 0; i < n; i++) {
-		size_t count = (size_t)parts[i].rows * (size_t)cols;
-		if (m->opts.dummy) {
-			struct dummy_job j = {
-				.dst = host + off, .dt = dt,
-				.seed = name_seed(parts[i].name, m->opts.dummy_seed),
-				.scale = 1.0f / sqrtf((float)full_cols),
-				.full_cols = (size_t)full_cols, .row0 = (size_t)parts[i].row0,
-				.rows = (size_t)parts[i].rows, .col0 = (size_t)col0,
-				.cols = (size_t)cols,
-			};
-			dummy_fill(&j);
-		} else {
-			ret = copy_window(m, host + off, dt, t[i], &parts[i], full_cols, col0, cols,
-					  err);
-			if (ret)
-				goto out;
-		}
-		off += count * esz;
-	}
-	w->dtype = dt;
-	w->rows = (int)total_rows;
-	w->cols = cols;
-	w->data = be->ops->buf_alloc(be, off);
-	if (!w->data) {
-		ret = sm70_errf(err, -ENOMEM, "cannot allocate %zu bytes on %s (rank %d) for %s",
-				off, be->name, r, parts[0].name);
-		goto out;
-	}
-	ret = be->ops->upload(be, w->data, host, off);
-out:
-	free(host);
-	return ret;
-}
-
-int sm70__norm_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, float **out,
-		    const char *name, int dim, struct sm70_err *err)
-{
-	struct sm70_backend *be = m->rank[r].be;
-	const struct sm70_st_tensor *t;
-	float *host;
-	int ret;
-
-	host = malloc((size_t)dim * sizeof(float));
-	if (!host)
-		return -ENOMEM;
-	if (m->opts.dummy) {
-		uint64_t s = name_seed(name, m->opts.dummy_seed);
-		for (int i = 0; i < dim; i++)
-			host[i] = 1.0f + 0.1f * dummy_at(s, (uint64_t)i);
-	} else {
-		int64_t shape[1] = { dim };
-		ret = sm70_ckpt_get(ck, name, 1, shape, &t, err);
-		if (ret)
-			goto out;
-		sm70_convert_to_f32(host, t->data, t->dtype, (size_t)dim);
-	}
-	*out = be->ops->buf_alloc(be, (size_t)dim * sizeof(float));
-	if (!*out) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	ret = be->ops->upload(be, *out, host, (size_t)dim * sizeof(float));
-out:
-	free(host);
-	return ret;
-}
-
-void sm70__weight_free(struct sm70_model *m, int r, struct sm70_weight *w)
-{
-	if (w->data)
-		m->rank[r].be->ops->buf_free(m->rank[r].be, w->data);
-	w->data = NULL;
-}

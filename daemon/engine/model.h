@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "daemon/engine/arch.h"
 #include "daemon/engine/checkpoint.h"
 #include "daemon/engine/model_config.h"
 #include "kernels/backend.h"
@@ -26,6 +27,9 @@
 struct sm70_model_opts {
 	int max_tokens;       /* most tokens one step may carry (prefill chunks + decodes) */
 	int max_seqs;         /* most sequences one step may carry */
+	int state_slots;      /* recurrent-state slots (models with recurrent layers); 0: max_seqs */
+	int gdn_recurrent;    /* 1: the DeltaNet ops run the recurrence for prefill too (the
+			       * reference path of the chunked form) */
 	int block_size;       /* KV cache tokens per block */
 	int n_blocks;         /* KV cache blocks; 0: size from kv_bytes */
 	size_t kv_bytes;      /* KV cache budget when n_blocks is 0 */
@@ -53,6 +57,7 @@ struct sm70_step {
 	int n_chunks;
 	const int32_t *chunk_first;
 	const int32_t *chunk_len;
+	const int32_t *seq_state; /* [n_seqs] state slots (models with recurrent layers) */
 };
 
 struct sm70_model;
@@ -67,7 +72,9 @@ struct sm70_model;
 struct sm70_model_rank {
 	struct sm70_backend *be;
 	void *arch_state;
-	struct sm70_kv_layer *kv;  /* [n_layers] */
+	struct sm70_kv_layer *kv;  /* [n_layers]; set for attention layers only */
+	struct sm70_state_layer *state; /* [n_layers]; set for recurrent layers only */
+	struct sm70_state_layout state_lay; /* this rank's share of a recurrent layer */
 	struct sm70_batch batch;   /* device copy of the current step */
 	void *batch_buf;           /* backend memory holding the batch arrays */
 	void *work;                /* forward workspace */
@@ -76,6 +83,9 @@ struct sm70_model_rank {
 	struct sm70_sample_result *sample_out;  /* one rank with a device sampler */
 	struct sm70_shard_summary *shards;      /* several ranks: [max_seqs] */
 	int q_head0, q_heads, kv_head0, kv_heads, inter, vocab0, vocab_n;
+	/* DeltaNet: key heads [gdn_k0, gdn_k0 + state_lay.n_k_heads) and the value heads
+	 * that read them */
+	int gdn_k0;
 };
 
 struct sm70_arch_ops {
@@ -105,7 +115,9 @@ struct sm70_model {
 	int tp;                    /* ranks */
 	struct sm70_comm *comm;    /* NULL with one rank */
 	struct sm70_model_rank rank[SM70_MAX_TP];
+	const struct sm70_arch_entry *entry; /* the registry row (arch.h) */
 	struct sm70_kv_layout kv_lay; /* every rank's (n_kv_heads is per rank) */
+	int n_state_slots;         /* recurrent-state slots; 0 for models without state */
 	/* Which of the backend's fused ops to use (the qk_norm_rope_kv and silu_matmul slots
 	 * of backend.h): SM70_FUSED=qk (the default) or silu one, 1 both, 0 none. */
 	int fused;
@@ -169,8 +181,13 @@ int sm70_model_row_logits(struct sm70_model *m, int i, float *host);
 /* Bytes of weights one decode step reads, over all ranks. */
 size_t sm70_model_weight_bytes(const struct sm70_model *m);
 
-/* Bytes of one KV block across all layers (K and V). */
+/* Bytes of one KV block across all attention layers (K and V). */
 size_t sm70_model_kv_block_bytes(const struct sm70_model *m);
+
+/* Bytes of one recurrent-state slot across all recurrent layers and ranks (0 for models
+ * without recurrent layers), and of all slots (the scratch slot included). */
+size_t sm70_model_state_slot_bytes(const struct sm70_model *m);
+size_t sm70_model_state_bytes(const struct sm70_model *m);
 
 /*
  * Weight helpers for architectures. A weight is loaded as a stack of parts (e.g. q|k|v),
@@ -192,10 +209,31 @@ struct sm70_weight_part {
 int sm70__weight_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
 		      struct sm70_weight *w, const struct sm70_weight_part *parts, int n,
 		      int full_cols, int col0, int cols, struct sm70_err *err);
+/* A norm weight [dim] as f32; the family's zero-centred norms get their 1 added here. */
 int sm70__norm_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, float **out,
 		    const char *name, int dim, struct sm70_err *err);
+/* A norm weight that is always plain (the DeltaNet output norm). */
+int sm70__plain_norm_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+			  float **out, const char *name, int dim, struct sm70_err *err);
+
+/* Rows [row0, row0 + rows) of a tensor's first dimension. */
+struct sm70_row_band {
+	int row0;
+	int rows;
+};
+
+/*
+ * Loads bands of rows (first dimension) of an ndim tensor of shape `shape` as one f32
+ * array in band order, adding `add` to every value. Dummy mode makes dummy_base +
+ * dummy_scale * u, u uniform in [-1, 1) as a function of (name, element index).
+ */
+int sm70__f32_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, float **out,
+		   const char *name, int ndim, const int64_t *shape,
+		   const struct sm70_row_band *bands, int n_bands, float add, float dummy_base,
+		   float dummy_scale, struct sm70_err *err);
 void sm70__weight_free(struct sm70_model *m, int r, struct sm70_weight *w);
 
 extern const struct sm70_arch_ops sm70__arch_qwen3;
+extern const struct sm70_arch_ops sm70__arch_qwen3_5;
 
 #endif

@@ -8,22 +8,32 @@
  * ignored (rope scaling, partial rotary, sliding windows, attention biases) are refused
  * with -ENOTSUP rather than skipped.
  *
- * Non-goals: fields sm70 does not use; architectures other than qwen3 (for now).
+ * The shared fields are read here once; each family's own fields by its parser
+ * (sm70__parse_qwen3, sm70__parse_qwen3_5), chosen by the registry row of model_type
+ * (arch.c).
+ *
+ * Non-goals: fields sm70 does not use.
  */
 #include "daemon/engine/model_config.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "daemon/engine/arch.h"
+
 #define CFG "config.json"
 #define GEN "generation_config.json"
 
-struct cfg {
+struct sm70__cfg {
 	json_t *top;
 	json_t *text; /* "text_config" object, or NULL */
+	double partial_rotary; /* partial_rotary_factor, from wherever it was found (1.0) */
+	char partial_key[96];  /* the key it came from, for messages ("" when absent) */
 };
+#define cfg sm70__cfg
 
 /* The value of key (NULL when absent or null); *where gets "" or "text_config." so that
  * messages name the key where it was found. */
@@ -107,9 +117,13 @@ static int get_bool(const struct cfg *c, const char *key, int def, int *out,
 
 /*
  * Checks a rope parameter object ("rope_parameters" or the older "rope_scaling"): only the
- * default (unscaled, full-width) rotation is implemented. Sets *theta when it holds one.
+ * default (unscaled) rotation is implemented. Sets *theta and *partial (with the key it
+ * came from) when it holds them; the family decides whether a partial rotation is
+ * allowed. (mrope sections only matter for image/video positions: for text all three
+ * position streams are the token's position, which is plain RoPE.)
  */
-static int parse_rope_object(json_t *obj, const char *key, double *theta, struct sm70_err *err)
+static int parse_rope_object(json_t *obj, const char *key, double *theta, struct cfg *c,
+			     struct sm70_err *err)
 {
 	json_t *type, *v;
 
@@ -138,15 +152,13 @@ static int parse_rope_object(json_t *obj, const char *key, double *theta, struct
 		if (!json_is_number(v))
 			return sm70_errf(err, -EINVAL,
 					 CFG ": '%s.partial_rotary_factor' must be a number", key);
-		if (json_number_value(v) != 1.0)
-			return sm70_errf(err, -ENOTSUP,
-					 CFG ": '%s.partial_rotary_factor' %g is not supported "
-					 "(supported: 1)", key, json_number_value(v));
+		c->partial_rotary = json_number_value(v);
+		snprintf(c->partial_key, sizeof(c->partial_key), "%s.partial_rotary_factor", key);
 	}
 	return 0;
 }
 
-static int parse_rope(const struct cfg *c, struct sm70_model_config *mc, struct sm70_err *err)
+static int parse_rope(struct cfg *c, struct sm70_model_config *mc, struct sm70_err *err)
 {
 	const char *where;
 	double theta;
@@ -156,6 +168,11 @@ static int parse_rope(const struct cfg *c, struct sm70_model_config *mc, struct 
 	ret = get_number(c, "rope_theta", 10000.0, &theta, err);
 	if (ret)
 		return ret;
+	ret = get_number(c, "partial_rotary_factor", 1.0, &c->partial_rotary, err);
+	if (ret)
+		return ret;
+	if (cfg_get(c, "partial_rotary_factor", &where))
+		snprintf(c->partial_key, sizeof(c->partial_key), "%spartial_rotary_factor", where);
 	/* transformers 5 writes rope_parameters; when present it is the newer truth. */
 	for (int i = 0; i < 2; i++) {
 		const char *key = i ? "rope_parameters" : "rope_scaling";
@@ -165,7 +182,7 @@ static int parse_rope(const struct cfg *c, struct sm70_model_config *mc, struct 
 		if (!v)
 			continue;
 		snprintf(name, sizeof(name), "%s%s", where, key);
-		ret = parse_rope_object(v, name, &theta, err);
+		ret = parse_rope_object(v, name, &theta, c, err);
 		if (ret)
 			return ret;
 	}
@@ -226,11 +243,38 @@ static int refuse_flags(const struct cfg *c, struct sm70_err *err)
 	return 0;
 }
 
+/* The model_type that decides the family: the top level's, unless it names a wrapper whose
+ * text_config says more (both are in the registry; the top level wins, as transformers
+ * builds the top-level class). */
+static int model_type(const struct cfg *c, const struct sm70_arch_entry **row,
+		      struct sm70_model_config *mc, struct sm70_err *err)
+{
+	const char *where, *type;
+	json_t *v = cfg_get(c, "model_type", &where);
+
+	if (!v)
+		return sm70_errf(err, -EINVAL, CFG ": missing required key 'model_type'");
+	if (!json_is_string(v))
+		return sm70_errf(err, -EINVAL, CFG ": '%smodel_type' must be a string", where);
+	type = json_string_value(v);
+	*row = sm70__arch_find(type);
+	if (!*row)
+		return sm70_errf(err, -ENOTSUP, CFG ": unsupported model_type '%s' (supported: %s)",
+				 type, sm70__arch_supported());
+	if (!(*row)->ops)
+		return sm70_errf(err, -ENOTSUP, CFG ": model_type '%s' is not supported yet: %s "
+				 "(supported: %s)", type, (*row)->refused, sm70__arch_supported());
+	mc->arch = (*row)->arch;
+	snprintf(mc->model_type, sizeof(mc->model_type), "%s", type);
+	return 0;
+}
+
 int sm70_model_config_parse(struct sm70_model_config *mc, json_t *config,
 			    json_t *generation_config, struct sm70_err *err)
 {
-	struct cfg c = { .top = config };
-	const char *where, *type;
+	struct cfg c = { .top = config, .partial_rotary = 1.0 };
+	const struct sm70_arch_entry *row = NULL;
+	const char *where;
 	json_t *v;
 	double eps;
 	int ret;
@@ -246,24 +290,16 @@ int sm70_model_config_parse(struct sm70_model_config *mc, json_t *config,
 			return sm70_errf(err, -EINVAL, CFG ": 'text_config' must be an object");
 		c.text = v;
 	}
-
-	v = cfg_get(&c, "model_type", &where);
-	if (!v)
-		return sm70_errf(err, -EINVAL, CFG ": missing required key 'model_type'");
-	if (!json_is_string(v))
-		return sm70_errf(err, -EINVAL, CFG ": '%smodel_type' must be a string", where);
-	type = json_string_value(v);
-	if (strcmp(type, "qwen3") != 0)
-		return sm70_errf(err, -ENOTSUP,
-				 CFG ": unsupported model_type '%s' (supported: qwen3)", type);
-	mc->arch = SM70_ARCH_QWEN3;
-	snprintf(mc->model_type, sizeof(mc->model_type), "%s", type);
+	ret = model_type(&c, &row, mc, err);
+	if (ret)
+		return ret;
 
 	if ((ret = get_int(&c, "vocab_size", 1, 0, 1, 1 << 24, &mc->vocab_size, err)) ||
 	    (ret = get_int(&c, "hidden_size", 1, 0, 1, 1 << 16, &mc->hidden_size, err)) ||
 	    (ret = get_int(&c, "intermediate_size", 1, 0, 1, 1 << 20, &mc->intermediate_size,
 			   err)) ||
-	    (ret = get_int(&c, "num_hidden_layers", 1, 0, 1, 1024, &mc->n_layers, err)) ||
+	    (ret = get_int(&c, "num_hidden_layers", 1, 0, 1, SM70_MAX_LAYERS, &mc->n_layers,
+			   err)) ||
 	    (ret = get_int(&c, "num_attention_heads", 1, 0, 1, 1024, &mc->n_heads, err)) ||
 	    (ret = get_int(&c, "num_key_value_heads", 0, mc->n_heads, 1, 1024, &mc->n_kv_heads,
 			   err)))
@@ -301,6 +337,11 @@ int sm70_model_config_parse(struct sm70_model_config *mc, json_t *config,
 	ret = refuse_flags(&c, err);
 	if (ret)
 		return ret;
+	/* every layer is attention unless the family says otherwise */
+	mc->n_attn_layers = mc->n_layers;
+	ret = row->parse(&c, mc, err);
+	if (ret)
+		return ret;
 
 	/* generation_config.json is what transformers' generate() stops on, so it wins. */
 	v = generation_config ? json_object_get(generation_config, "eos_token_id") : NULL;
@@ -310,4 +351,138 @@ int sm70_model_config_parse(struct sm70_model_config *mc, json_t *config,
 	if (v)
 		return parse_eos(v, CFG, mc, err);
 	return 0;
+}
+
+/* ---- families ----------------------------------------------------------------------- */
+
+int sm70__parse_qwen3(const struct cfg *c, struct sm70_model_config *mc, struct sm70_err *err)
+{
+	if (c->partial_rotary != 1.0)
+		return sm70_errf(err, -ENOTSUP, CFG ": '%s' %g is not supported for %s "
+				 "(supported: 1)", c->partial_key, c->partial_rotary,
+				 mc->model_type);
+	return 0;
+}
+
+/* Reads layer_types (or the full_attention_interval pattern it defaults to). */
+static int parse_layer_types(const struct cfg *c, struct sm70_model_config *mc,
+			     struct sm70_err *err)
+{
+	const char *where;
+	json_t *v = cfg_get(c, "layer_types", &where);
+	int interval, ret;
+
+	mc->n_attn_layers = 0;
+	if (!v) {
+		ret = get_int(c, "full_attention_interval", 0, 4, 1, SM70_MAX_LAYERS, &interval,
+			      err);
+		if (ret)
+			return ret;
+		for (int l = 0; l < mc->n_layers; l++)
+			mc->layer_kind[l] = (l + 1) % interval ? SM70_LAYER_GDN :
+								  SM70_LAYER_ATTENTION;
+	} else {
+		if (!json_is_array(v))
+			return sm70_errf(err, -EINVAL, CFG ": '%slayer_types' must be an array of "
+					 "strings", where);
+		if (json_array_size(v) != (size_t)mc->n_layers)
+			return sm70_errf(err, -EINVAL, CFG ": '%slayer_types' lists %zu layers, "
+					 "'num_hidden_layers' is %d", where, json_array_size(v),
+					 mc->n_layers);
+		for (int l = 0; l < mc->n_layers; l++) {
+			json_t *e = json_array_get(v, (size_t)l);
+			const char *k = json_is_string(e) ? json_string_value(e) : NULL;
+
+			if (k && strcmp(k, "full_attention") == 0)
+				mc->layer_kind[l] = SM70_LAYER_ATTENTION;
+			else if (k && strcmp(k, "linear_attention") == 0)
+				mc->layer_kind[l] = SM70_LAYER_GDN;
+			else
+				return sm70_errf(err, -ENOTSUP, CFG ": '%slayer_types[%d]' %s%s%s is "
+						 "not supported (supported: full_attention, "
+						 "linear_attention)", where, l, k ? "'" : "",
+						 k ? k : "(not a string)", k ? "'" : "");
+		}
+	}
+	for (int l = 0; l < mc->n_layers; l++)
+		mc->n_attn_layers += mc->layer_kind[l] == SM70_LAYER_ATTENTION;
+	mc->hybrid.n_gdn_layers = mc->n_layers - mc->n_attn_layers;
+	if (mc->n_attn_layers == 0)
+		return sm70_errf(err, -ENOTSUP, CFG ": '%slayer_types' has no full_attention "
+				 "layer; a model of DeltaNet layers only is not supported", where);
+	return 0;
+}
+
+/* qwen3_next: which layers are mixture-of-experts (none may be, for now). */
+static int refuse_sparse_layers(const struct cfg *c, struct sm70_model_config *mc,
+				struct sm70_err *err)
+{
+	const char *where;
+	json_t *only = cfg_get(c, "mlp_only_layers", &where);
+	int experts, step, ret;
+
+	if ((ret = get_int(c, "num_experts", 0, 0, 0, 1 << 16, &experts, err)) ||
+	    (ret = get_int(c, "decoder_sparse_step", 0, 1, 1, SM70_MAX_LAYERS, &step, err)))
+		return ret;
+	if (only && !json_is_array(only))
+		return sm70_errf(err, -EINVAL, CFG ": '%smlp_only_layers' must be an array of "
+				 "layer indices", where);
+	for (int l = 0; l < mc->n_layers && experts > 0; l++) {
+		int dense = 0;
+
+		for (size_t i = 0; only && i < json_array_size(only); i++) {
+			json_t *e = json_array_get(only, i);
+			if (!json_is_integer(e))
+				return sm70_errf(err, -EINVAL, CFG ": '%smlp_only_layers[%zu]' must "
+						 "be an integer", where, i);
+			dense |= json_integer_value(e) == l;
+		}
+		if (!dense && (l + 1) % step == 0)
+			return sm70_errf(err, -ENOTSUP, CFG ": layer %d of this %s model is a "
+					 "mixture-of-experts layer (num_experts %d); MoE layers "
+					 "are not supported yet", l, mc->model_type, experts);
+	}
+	return 0;
+}
+
+int sm70__parse_qwen3_5(const struct cfg *c, struct sm70_model_config *mc,
+			struct sm70_err *err)
+{
+	struct sm70_gdn_config *g = &mc->hybrid.gdn;
+	const char *where;
+	json_t *act;
+	double rot;
+	int ret;
+
+	mc->zero_centred_norms = 1;
+	mc->attn_gate = 1;
+	mc->hybrid.fused_proj = strcmp(mc->model_type, "qwen3_next") == 0;
+	/* transformers' default for the family when the key is absent */
+	rot = cfg_get(c, "partial_rotary_factor", &where) || c->partial_key[0] ?
+		      c->partial_rotary : 0.25;
+	if (!(rot > 0.0 && rot <= 1.0))
+		return sm70_errf(err, -EINVAL, CFG ": '%s' (%g) must be in (0, 1]",
+				 c->partial_key[0] ? c->partial_key : "partial_rotary_factor", rot);
+	mc->rot_dim = (int)(mc->head_dim * rot);
+	if (mc->rot_dim < 2 || mc->rot_dim % 2)
+		return sm70_errf(err, -EINVAL, CFG ": 'partial_rotary_factor' %g of head_dim %d "
+				 "rotates %d dimensions; that must be a positive even number", rot,
+				 mc->head_dim, mc->rot_dim);
+	act = cfg_get(c, "hidden_act", &where);
+	if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu")))
+		return sm70_errf(err, -ENOTSUP, CFG ": '%shidden_act' must be \"silu\"", where);
+	if ((ret = get_int(c, "linear_conv_kernel_dim", 0, 4, 1, 16, &g->conv_k, err)) ||
+	    (ret = get_int(c, "linear_key_head_dim", 0, 128, 1, 1024, &g->k_dim, err)) ||
+	    (ret = get_int(c, "linear_value_head_dim", 0, 128, 1, 1024, &g->v_dim, err)) ||
+	    (ret = get_int(c, "linear_num_key_heads", 0, 16, 1, 1024, &g->n_k_heads, err)) ||
+	    (ret = get_int(c, "linear_num_value_heads", 0, 32, 1, 1024, &g->n_v_heads, err)))
+		return ret;
+	if (g->n_v_heads % g->n_k_heads)
+		return sm70_errf(err, -EINVAL, CFG ": 'linear_num_value_heads' (%d) is not a "
+				 "multiple of 'linear_num_key_heads' (%d)", g->n_v_heads,
+				 g->n_k_heads);
+	ret = parse_layer_types(c, mc, err);
+	if (ret)
+		return ret;
+	return mc->hybrid.fused_proj ? refuse_sparse_layers(c, mc, err) : 0;
 }

@@ -11,18 +11,47 @@
 #define SM70_ENGINE_MODEL_CONFIG_H
 
 #include <jansson.h>
+#include <stdint.h>
 
 #include "common/err.h"
 
 #define SM70_MAX_EOS 8
+#define SM70_MAX_LAYERS 1024
 
+/* The families the engine serves (daemon/engine/arch.c holds one row per model_type). */
 enum sm70_arch {
-	SM70_ARCH_QWEN3 = 1,
+	SM70_ARCH_QWEN3 = 1,   /* dense qwen3 */
+	SM70_ARCH_QWEN3_5,     /* qwen3_5 / qwen3_5_text / qwen3_next (dense MLPs): hybrid */
+};
+
+/* What a layer's token mixer is (transformers' layer_types). */
+enum sm70_layer_kind {
+	SM70_LAYER_ATTENTION = 0, /* "full_attention": paged KV */
+	SM70_LAYER_GDN = 1,       /* "linear_attention": Gated DeltaNet, a recurrent state slot */
+};
+
+/* Gated DeltaNet dimensions (the linear_* keys). */
+struct sm70_gdn_config {
+	int conv_k;    /* linear_conv_kernel_dim */
+	int n_k_heads; /* linear_num_key_heads */
+	int n_v_heads; /* linear_num_value_heads, a multiple of n_k_heads */
+	int k_dim;     /* linear_key_head_dim */
+	int v_dim;     /* linear_value_head_dim */
+};
+
+/* Fields only the hybrid family has. */
+struct sm70_hybrid_config {
+	struct sm70_gdn_config gdn;
+	/* qwen3_next: in_proj_qkvz / in_proj_ba, interleaved per key head, instead of
+	 * qwen3_5's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a */
+	int fused_proj;
+	int n_gdn_layers;
 };
 
 struct sm70_model_config {
 	enum sm70_arch arch;
 	char model_type[32];
+	/* Shared by every family. */
 	int vocab_size;
 	int hidden_size;
 	int intermediate_size;
@@ -34,9 +63,17 @@ struct sm70_model_config {
 	int tie_word_embeddings;
 	float rms_norm_eps;
 	double rope_theta;
-	int rot_dim; /* dims rotated by RoPE (head_dim for qwen3) */
+	int rot_dim; /* dims rotated by RoPE (head_dim * partial_rotary_factor) */
 	int n_eos;
 	int eos_ids[SM70_MAX_EOS];
+	/* RMSNorm weights are stored centred on zero: the norm scales by 1 + w (qwen3_5,
+	 * qwen3_next; not the DeltaNet output norm). The loader adds the 1. */
+	int zero_centred_norms;
+	/* q_proj emits a query and an output gate per head: o_proj(attn * sigmoid(gate)) */
+	int attn_gate;
+	int n_attn_layers;
+	uint8_t layer_kind[SM70_MAX_LAYERS]; /* enum sm70_layer_kind per layer */
+	struct sm70_hybrid_config hybrid;    /* SM70_ARCH_QWEN3_5 only */
 };
 
 /* Parses config (and generation_config, may be NULL, which wins for eos_token_id).

@@ -3,6 +3,8 @@
  * under a starved KV pool gives the same tokens, seeded sampling does not depend on
  * batch composition, stop tokens / EOS / length finish correctly, cancellation frees
  * memory, bad requests are refused with a message, and dummy weights are deterministic.
+ * Preemption and the prefix cache run on a hybrid (DeltaNet) model too: its state slots
+ * come back, recompute after preemption is exact, and prefix caching is off for it.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -17,6 +19,7 @@
 #include "daemon/engine/engine.h"
 
 #define MODEL "tests/fixtures/qwen3-gqa2-d64-tied"
+#define HYBRID "tests/fixtures/qwen3_5-gqa6-d256-hybrid"
 #define MAXR 8
 #define MAXT 128
 
@@ -48,13 +51,15 @@ static void on_event(void *ctx, const struct sm70_event *ev)
 	fail_msg("event for unknown request");
 }
 
+static const char *model_dir = MODEL;
+
 static struct sm70_engine *open_engine(const struct sm70_engine_opts *eo)
 {
 	struct sm70_engine *e = NULL;
 	struct sm70_err err = { { 0 } };
 
-	if (sm70_engine_open(&e, MODEL, eo, &err))
-		fail_msg("open: %s", err.msg);
+	if (sm70_engine_open(&e, model_dir, eo, &err))
+		fail_msg("open %s: %s", model_dir, err.msg);
 	return e;
 }
 
@@ -88,8 +93,9 @@ static void make_prompts(void)
 }
 
 /* Two requests that together need more KV blocks than the pool has: the newer is
- * preempted and recomputed, and both still produce the tokens they produce alone. */
-static void test_preemption_same_tokens(void **state)
+ * preempted and recomputed, and both still produce the tokens they produce alone. On the
+ * hybrid model the recompute also rebuilds the recurrent state from position 0. */
+static void preemption_same_tokens(const char *dir)
 {
 	struct sm70_engine_opts eo;
 	struct sm70_request ra = { .prompt = prompt_a, .n_prompt = 40, .max_new_tokens = 60,
@@ -100,6 +106,7 @@ static void test_preemption_same_tokens(void **state)
 	struct sm70_engine *e;
 	struct sm70_engine_stats st;
 
+	model_dir = dir;
 	make_prompts();
 	rb.prompt = prompt_b;
 	rb.n_prompt = 90;
@@ -121,16 +128,68 @@ static void test_preemption_same_tokens(void **state)
 	drain(e, &both);
 	sm70_engine_get_stats(e, &st);
 	assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+	assert_int_equal(st.state_slots_free, st.state_slots_total);
 	sm70_engine_close(e);
 
-	printf("preemptions: %llu; tokens a %d, b %d\n", (unsigned long long)st.preemptions,
-	       both.n[0], both.n[1]);
+	printf("%s: preemptions: %llu; tokens a %d, b %d; state slots %d\n", dir,
+	       (unsigned long long)st.preemptions, both.n[0], both.n[1], st.state_slots_total);
 	assert_true(st.preemptions >= 1);
 	for (int i = 0; i < 2; i++) {
 		assert_int_equal(both.n[i], 60);
 		assert_memory_equal(both.tok[i], alone.tok[i], sizeof(int32_t) * 60);
 		assert_int_equal(both.finish[i], SM70_FINISH_LENGTH);
 	}
+	model_dir = MODEL;
+}
+
+static void test_preemption_same_tokens(void **state)
+{
+	preemption_same_tokens(MODEL);
+}
+
+static void test_preemption_hybrid(void **state)
+{
+	preemption_same_tokens(HYBRID);
+}
+
+/* Fewer recurrent-state slots than requests: admission waits for a slot, nothing is lost,
+ * and every request produces the tokens it produces alone. */
+static void test_state_slots_bound_admission(void **state)
+{
+	struct sm70_engine_opts eo;
+	struct sm70_request r = { .prompt = prompt_a, .n_prompt = 40, .max_new_tokens = 12,
+				  .ignore_eos = 1, .sampling = { .top_p = 1.0f } };
+	struct out alone = { 0 }, many = { 0 };
+	struct sm70_engine_stats st;
+	struct sm70_engine *e;
+
+	model_dir = HYBRID;
+	make_prompts();
+	sm70_engine_opts_default(&eo);
+	e = open_engine(&eo);
+	submit(e, &alone, &r);
+	drain(e, &alone);
+	sm70_engine_close(e);
+
+	eo.state_slots = 2;
+	e = open_engine(&eo);
+	for (int i = 0; i < 5; i++)
+		submit(e, &many, &r);
+	sm70_engine_step(e, on_event, &many);
+	sm70_engine_get_stats(e, &st);
+	printf("5 requests, 2 state slots: %d running, %d waiting after one step\n", st.running,
+	       st.waiting);
+	assert_int_equal(st.running, 2);
+	assert_int_equal(st.state_slots_free, 0);
+	drain(e, &many);
+	sm70_engine_get_stats(e, &st);
+	assert_int_equal(st.state_slots_free, 2);
+	sm70_engine_close(e);
+	for (int i = 0; i < 5; i++) {
+		assert_int_equal(many.n[i], 12);
+		assert_memory_equal(many.tok[i], alone.tok[0], sizeof(int32_t) * 12);
+	}
+	model_dir = MODEL;
 }
 
 static void test_stop_and_length(void **state)
@@ -265,8 +324,9 @@ static void test_dummy_deterministic(void **state)
 }
 
 /* A repeated long prompt takes its KV blocks from the prefix cache, computes only the
- * rest, and produces the same tokens; with the cache off nothing is reused. */
-static void test_prefix_cache(void **state)
+ * rest, and produces the same tokens; with the cache off nothing is reused. A hybrid
+ * model keeps the cache off (its DeltaNet state at the prefix is not kept) and says why. */
+static void prefix_cache(const char *dir)
 {
 	struct sm70_engine_opts eo;
 	struct sm70_request r = { .prompt = prompt_b, .n_prompt = 90, .max_new_tokens = 10,
@@ -275,8 +335,11 @@ static void test_prefix_cache(void **state)
 	struct out o = { 0 };
 	struct sm70_engine *e;
 
+	model_dir = dir;
 	make_prompts();
 	for (int off = 0; off < 2; off++) {
+		int hybrid = dir != (const char *)MODEL;
+
 		sm70_engine_opts_default(&eo);
 		eo.block_size = 16;
 		eo.no_prefix_cache = off;
@@ -296,7 +359,13 @@ static void test_prefix_cache(void **state)
 		       (unsigned long long)st0.computed_tokens, (unsigned long long)second,
 		       (unsigned long long)(st1.prefix_hit_tokens - st0.prefix_hit_tokens));
 		assert_memory_equal(o.tok[0], o.tok[1], sizeof(int32_t) * 10);
-		if (off) {
+		if (hybrid) {
+			printf("  %s: prefix cache off: %s\n", dir,
+			       st1.prefix_cache_off ? st1.prefix_cache_off : "(no reason)");
+			assert_non_null(st1.prefix_cache_off);
+			assert_int_equal(st1.prefix_hit_tokens, 0);
+			assert_int_equal(second, st0.computed_tokens);
+		} else if (off) {
 			assert_int_equal(st1.prefix_hit_tokens, 0);
 			assert_int_equal(second, st0.computed_tokens);
 		} else {
@@ -305,6 +374,17 @@ static void test_prefix_cache(void **state)
 			assert_int_equal(second, st0.computed_tokens - 80);
 		}
 	}
+	model_dir = MODEL;
+}
+
+static void test_prefix_cache(void **state)
+{
+	prefix_cache(MODEL);
+}
+
+static void test_prefix_cache_hybrid(void **state)
+{
+	prefix_cache(HYBRID);
 }
 
 /* A request that outgrows the whole KV cache ends with LENGTH once the cache is full,
@@ -338,6 +418,9 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_preemption_same_tokens),
+		cmocka_unit_test(test_preemption_hybrid),
+		cmocka_unit_test(test_state_slots_bound_admission),
+		cmocka_unit_test(test_prefix_cache_hybrid),
 		cmocka_unit_test(test_stop_and_length),
 		cmocka_unit_test(test_cancel_frees_blocks),
 		cmocka_unit_test(test_bad_requests),

@@ -100,6 +100,57 @@ static void test_fixtures(void **state)
 	check_fixture("qwen3-mha-d32-f16", 383);
 }
 
+/* The hybrid fixtures: layer kinds, DeltaNet dimensions, partial rotation and the
+ * family's flags, from the flat and the vision-language (text_config) layouts. */
+static void test_hybrid_fixtures(void **state)
+{
+	static const struct {
+		const char *dir;
+		const char *type;
+		int layers, attn, kh, vh, dk, dv, rot, fused;
+	} want[] = {
+		{ "qwen3_5-gqa6-d256-hybrid", "qwen3_5_text", 5, 2, 2, 4, 32, 48, 64, 0 },
+		{ "qwen3_5-vl-tied", "qwen3_5", 4, 1, 1, 3, 32, 32, 16, 0 },
+		{ "qwen3_next-dense-fused", "qwen3_next", 4, 1, 2, 4, 32, 32, 16, 1 },
+	};
+
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		char path[256];
+		struct sm70_model_config mc;
+		struct sm70_err e = { { 0 } };
+		json_t *cfg;
+		int attn = 0;
+
+		snprintf(path, sizeof(path), FIX "%s/config.json", want[i].dir);
+		cfg = json_load_file(path, 0, NULL);
+		assert_non_null(cfg);
+		if (sm70_model_config_parse(&mc, cfg, NULL, &e))
+			fail_msg("%s: %s", want[i].dir, e.msg);
+		assert_string_equal(mc.model_type, want[i].type);
+		assert_int_equal(mc.arch, SM70_ARCH_QWEN3_5);
+		assert_int_equal(mc.n_layers, want[i].layers);
+		for (int l = 0; l < mc.n_layers; l++)
+			attn += mc.layer_kind[l] == SM70_LAYER_ATTENTION;
+		assert_int_equal(attn, want[i].attn);
+		assert_int_equal(mc.n_attn_layers, want[i].attn);
+		assert_int_equal(mc.hybrid.n_gdn_layers, want[i].layers - want[i].attn);
+		assert_int_equal(mc.hybrid.gdn.n_k_heads, want[i].kh);
+		assert_int_equal(mc.hybrid.gdn.n_v_heads, want[i].vh);
+		assert_int_equal(mc.hybrid.gdn.k_dim, want[i].dk);
+		assert_int_equal(mc.hybrid.gdn.v_dim, want[i].dv);
+		assert_int_equal(mc.hybrid.gdn.conv_k, 4);
+		assert_int_equal(mc.rot_dim, want[i].rot);
+		assert_int_equal(mc.hybrid.fused_proj, want[i].fused);
+		assert_true(mc.zero_centred_norms && mc.attn_gate);
+		print_message("  %-26s %s: %d layers (%d attention), DeltaNet %d/%d heads of %d/%d, "
+			      "rot %d of %d%s\n", want[i].dir, mc.model_type, mc.n_layers, attn,
+			      mc.hybrid.gdn.n_k_heads, mc.hybrid.gdn.n_v_heads, mc.hybrid.gdn.k_dim,
+			      mc.hybrid.gdn.v_dim, mc.rot_dim, mc.head_dim,
+			      mc.hybrid.fused_proj ? ", fused projections" : "");
+		json_decref(cfg);
+	}
+}
+
 static void test_generation_eos_wins(void **state)
 {
 	json_t *cfg = json_load_file(FIX "qwen3-gqa6-d256-long/config.json", 0, NULL);
@@ -200,7 +251,25 @@ struct bad_case {
 
 static const struct bad_case bad_cases[] = {
 	{ "{\"model_type\": \"llama\"}", NULL, -ENOTSUP,
-	  "config.json: unsupported model_type 'llama' (supported: qwen3)" },
+	  "config.json: unsupported model_type 'llama' (supported: qwen3, qwen3_5_text, "
+	  "qwen3_5, qwen3_next)" },
+	{ "{\"model_type\": \"qwen3_moe\"}", NULL, -ENOTSUP,
+	  "model_type 'qwen3_moe' is not supported yet: mixture-of-experts layers" },
+	{ "{\"model_type\": \"qwen3_5_text\", \"layer_types\": [\"full_attention\"]}", NULL,
+	  -EINVAL, "'layer_types' lists 1 layers, 'num_hidden_layers' is 2" },
+	{ "{\"model_type\": \"qwen3_5_text\", \"layer_types\": [\"full_attention\", "
+	  "\"sliding_attention\"]}", NULL, -ENOTSUP,
+	  "'layer_types[1]' 'sliding_attention' is not supported" },
+	{ "{\"model_type\": \"qwen3_5_text\", \"layer_types\": [\"linear_attention\", "
+	  "\"linear_attention\"]}", NULL, -ENOTSUP, "has no full_attention layer" },
+	{ "{\"model_type\": \"qwen3_5_text\", \"linear_num_key_heads\": 3, "
+	  "\"linear_num_value_heads\": 4}", NULL, -EINVAL,
+	  "'linear_num_value_heads' (4) is not a multiple of 'linear_num_key_heads' (3)" },
+	{ "{\"model_type\": \"qwen3_5_text\", \"partial_rotary_factor\": 0.01}", NULL,
+	  -EINVAL, "rotates 0 dimensions" },
+	{ "{\"model_type\": \"qwen3_next\", \"num_experts\": 8, \"layer_types\": "
+	  "[\"linear_attention\", \"full_attention\"]}", NULL, -ENOTSUP,
+	  "layer 0 of this qwen3_next model is a mixture-of-experts layer" },
 	{ "{\"model_type\": \"qwen3_vl\"}", NULL, -ENOTSUP, "'qwen3_vl'" },
 	{ "{\"model_type\": null}", NULL, -EINVAL, "missing required key 'model_type'" },
 	{ "{\"model_type\": 3}", NULL, -EINVAL, "'model_type' must be a string" },
@@ -291,6 +360,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_fixtures),
+		cmocka_unit_test(test_hybrid_fixtures),
 		cmocka_unit_test(test_generation_eos_wins),
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_text_config),

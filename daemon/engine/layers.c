@@ -1,0 +1,458 @@
+/*
+ * layers.c - the layer library (see layers.h): shared loaders, the workspace of one step,
+ * the blocks, and the decoder forward over the per-layer plan (cfg.layer_kind).
+ *
+ * Tensor parallelism (Megatron-style) is the blocks' business: q/k/v, gate/up and the
+ * DeltaNet input projection are split by output rows (heads, intermediate rows), o_proj,
+ * down_proj and the DeltaNet out_proj by input columns, so each of those gives a partial
+ * sum of the residual update that one all-reduce completes; the LM head is split by
+ * vocabulary rows. The residual stream is replicated and identical on every rank.
+ */
+#include "daemon/engine/layers.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- workspace ---------------------------------------------------------------------- */
+
+/* A bump allocator over a rank's work buffer: each call names the buffer it carves, so
+ * sizes and pointers cannot drift apart. With base NULL it only measures. */
+struct carver {
+	char *base;
+	size_t off;
+};
+
+static void *carve(struct carver *c, size_t bytes)
+{
+	void *p = c->base ? c->base + c->off : NULL;
+
+	c->off += (bytes + 63) & ~(size_t)63;
+	return p;
+}
+
+/* The buffers of one step on one rank. */
+struct work {
+	float *resid;       /* f32 [T, H] the residual stream */
+	void *y;            /* act [T, H] a block's normed input */
+	void *delta;        /* act [T, H] a block's (partial) update */
+	void *qkv;          /* act [T, qkv_ld] attention projections */
+	void *attn;         /* act [T, Hq * D] attention output */
+	void *gate_up, *mid;/* act [T, 2I], [T, I] MLP */
+	void *gdn_proj;     /* act [T, proj_ld] DeltaNet input projection */
+	void *gdn_conv;     /* act [T, conv_dim] after the convolution */
+	void *gdn_core;     /* act [T, Hv * v_dim] delta-rule output, then gated-normed */
+	float *sel_resid;   /* f32 [S, H] rows that need logits */
+	void *sel_delta, *sel_y;
+	int qkv_ld, proj_ld;
+};
+
+static int attn_ld(const struct sm70_model *m, int r)
+{
+	const struct sm70_model_rank *rk = &m->rank[r];
+	int D = m->cfg.head_dim;
+
+	return (rk->q_heads * (m->cfg.attn_gate ? 2 : 1) + 2 * rk->kv_heads) * D;
+}
+
+static int gdn_proj_ld(const struct sm70_model *m, int r)
+{
+	const struct sm70_state_layout *L = &m->rank[r].state_lay;
+
+	return L->conv_dim + L->n_v_heads * L->v_dim + 2 * L->n_v_heads;
+}
+
+static size_t carve_work(const struct sm70_model *m, int r, struct work *w)
+{
+	const struct sm70_model_config *c = &m->cfg;
+	const struct sm70_model_rank *rk = &m->rank[r];
+	const struct sm70_state_layout *L = &rk->state_lay;
+	size_t a = sm70_dtype_size(rk->be->act_dtype);
+	size_t T = (size_t)m->opts.max_tokens, S = (size_t)m->opts.max_seqs, H = c->hidden_size;
+	int gdn = c->hybrid.n_gdn_layers > 0;
+	struct carver cv = { rk->work, 0 };
+
+	w->qkv_ld = attn_ld(m, r);
+	w->proj_ld = gdn ? gdn_proj_ld(m, r) : 0;
+	w->resid = carve(&cv, T * H * sizeof(float));
+	w->y = carve(&cv, T * H * a);
+	w->qkv = carve(&cv, T * (size_t)w->qkv_ld * a);
+	w->attn = carve(&cv, T * (size_t)rk->q_heads * c->head_dim * a);
+	w->delta = carve(&cv, T * H * a);
+	w->gate_up = carve(&cv, T * 2 * (size_t)rk->inter * a);
+	w->mid = carve(&cv, T * (size_t)rk->inter * a);
+	w->sel_resid = carve(&cv, S * H * sizeof(float));
+	w->sel_delta = carve(&cv, S * H * a);
+	w->sel_y = carve(&cv, S * H * a);
+	w->gdn_proj = carve(&cv, gdn ? T * (size_t)w->proj_ld * a : 0);
+	w->gdn_conv = carve(&cv, gdn ? T * (size_t)L->conv_dim * a : 0);
+	w->gdn_core = carve(&cv, gdn ? T * (size_t)L->n_v_heads * L->v_dim * a : 0);
+	return cv.off;
+}
+
+size_t sm70__decoder_workspace_bytes(const struct sm70_model *m, int r)
+{
+	struct work w;
+
+	return carve_work(m, r, &w);
+}
+
+/* ---- blocks ------------------------------------------------------------------------- */
+
+static const struct sm70_layer_weights *layer_of(const struct sm70_model *m, int r, int l)
+{
+	return &((const struct sm70_decoder *)m->rank[r].arch_state)->layers[l];
+}
+
+/* Sums the ranks' partial updates (row-parallel outputs) so every rank holds the total. */
+static void reduce_delta(struct sm70_model *m, struct work *w, int T)
+{
+	void *bufs[SM70_MAX_TP];
+
+	if (m->tp == 1 || m->bench_skip_allreduce)
+		return;
+	for (int r = 0; r < m->tp; r++)
+		bufs[r] = w[r].delta;
+	/* a failure is sticky in the backends and comes back from their sync */
+	(void)m->comm->ops->all_reduce(m->comm, bufs, (size_t)T * m->cfg.hidden_size,
+				       m->rank[0].be->act_dtype);
+}
+
+/* Before a block: the pending update (none before the first block) joins the residual
+ * and the block's input is its norm. */
+static void residual_in(struct sm70_model *m, int r, struct work *w, int first,
+			const float *norm)
+{
+	struct sm70_backend *be = m->rank[r].be;
+
+	be->ops->add_rmsnorm(be, w->y, w->resid, first ? NULL : w->delta, norm,
+			     m->rank[r].batch.n_tokens, m->cfg.hidden_size, m->cfg.rms_norm_eps);
+}
+
+/* Rank r's attention of layer l, from its normed input to its (partial) o_proj output in
+ * w->delta. Gated attention multiplies the output by sigmoid(gate) first. */
+static void attention_block(struct sm70_model *m, int r, int l, struct work *w)
+{
+	const struct sm70_model_config *c = &m->cfg;
+	struct sm70_model_rank *rk = &m->rank[r];
+	struct sm70_backend *be = rk->be;
+	const struct sm70_backend_ops *op = be->ops;
+	const struct sm70_batch *b = &rk->batch;
+	const struct sm70_attn_weights *A = &layer_of(m, r, l)->attn;
+	int T = b->n_tokens, D = c->head_dim, Hq = rk->q_heads, Hk = rk->kv_heads;
+	int ld = w->qkv_ld;
+	size_t a = sm70_dtype_size(be->act_dtype);
+	char *k_in = (char *)w->qkv + (size_t)Hq * D * a;
+	char *v_in = k_in + (size_t)Hk * D * a;
+
+	op->matmul(be, w->qkv, 0, w->y, &A->qkv, T);
+	if ((m->fused & SM70_FUSED_QK) && op->qk_norm_rope_kv) {
+		op->qk_norm_rope_kv(be, w->qkv, ld, T, Hq, Hk, D, A->q_norm, A->k_norm,
+				    c->rms_norm_eps, b->tok_pos, c->rot_dim, c->rope_theta,
+				    &rk->kv[l], &m->kv_lay, b->tok_slot);
+	} else {
+		op->head_norm_rope(be, w->qkv, ld, T, Hq, D, A->q_norm, c->rms_norm_eps,
+				   b->tok_pos, c->rot_dim, c->rope_theta);
+		op->head_norm_rope(be, k_in, ld, T, Hk, D, A->k_norm, c->rms_norm_eps,
+				   b->tok_pos, c->rot_dim, c->rope_theta);
+		op->kv_write(be, &rk->kv[l], &m->kv_lay, k_in, v_in, ld, b->tok_slot, T);
+	}
+	op->attention(be, w->attn, w->qkv, ld, &rk->kv[l], &m->kv_lay, b, Hq,
+		      1.0f / sqrtf((float)D));
+	if (c->attn_gate)
+		op->sigmoid_mul(be, w->attn, v_in + (size_t)Hk * D * a, ld, T, Hq * D);
+	op->matmul(be, w->delta, 0, w->attn, &A->o, T);
+}
+
+/* Rank r's Gated DeltaNet of layer l: projections, causal conv with its state, the delta
+ * rule with its state, the gated norm, and the (partial) out_proj output in w->delta. */
+static void gdn_block(struct sm70_model *m, int r, int l, struct work *w)
+{
+	struct sm70_model_rank *rk = &m->rank[r];
+	struct sm70_backend *be = rk->be;
+	const struct sm70_backend_ops *op = be->ops;
+	const struct sm70_batch *b = &rk->batch;
+	const struct sm70_state_layout *L = &rk->state_lay;
+	const struct sm70_gdn_weights *G = &layer_of(m, r, l)->gdn;
+	int T = b->n_tokens, vd = L->n_v_heads * L->v_dim;
+	size_t a = sm70_dtype_size(be->act_dtype);
+	const char *z = (const char *)w->gdn_proj + (size_t)L->conv_dim * a;
+	const char *ba = z + (size_t)vd * a;
+
+	op->matmul(be, w->gdn_proj, 0, w->y, &G->in_proj, T);
+	op->conv1d_silu(be, w->gdn_conv, w->gdn_proj, w->proj_ld, G->conv, &rk->state[l], L, b);
+	op->gdn(be, w->gdn_core, w->gdn_conv, ba, w->proj_ld, G->a_log, G->dt_bias,
+		&rk->state[l], L, b, !m->opts.gdn_recurrent);
+	op->gated_rmsnorm(be, w->gdn_core, z, w->proj_ld, G->norm, T, L->n_v_heads, L->v_dim,
+			  m->cfg.rms_norm_eps);
+	op->matmul(be, w->delta, 0, w->gdn_core, &G->out, T);
+}
+
+/* Rank r's MLP of layer l: its (partial) down_proj output in w->delta. */
+static void mlp_block(struct sm70_model *m, int r, int l, struct work *w)
+{
+	struct sm70_model_rank *rk = &m->rank[r];
+	struct sm70_backend *be = rk->be;
+	const struct sm70_backend_ops *op = be->ops;
+	const struct sm70_mlp_weights *M = &layer_of(m, r, l)->mlp;
+	int T = rk->batch.n_tokens;
+
+	op->matmul(be, w->gate_up, 0, w->y, &M->gate_up, T);
+	/* the fused form re-reads W for every 16 rows: decode-sized steps only */
+	if ((m->fused & SM70_FUSED_SILU) && op->silu_matmul && T <= 16) {
+		op->silu_matmul(be, w->delta, w->gate_up, &M->down, T);
+	} else {
+		op->silu_mul(be, w->mid, w->gate_up, T, rk->inter);
+		op->matmul(be, w->delta, 0, w->mid, &M->down, T);
+	}
+}
+
+/* Rank r's head: the rows that need logits finish the last residual add, the final
+ * norm and this rank's slice of the LM head. */
+static void head_block(struct sm70_model *m, int r, struct work *w)
+{
+	const struct sm70_model_config *c = &m->cfg;
+	struct sm70_model_rank *rk = &m->rank[r];
+	struct sm70_backend *be = rk->be;
+	const struct sm70_backend_ops *op = be->ops;
+	const struct sm70_batch *b = &rk->batch;
+	const struct sm70_decoder *d = rk->arch_state;
+	int H = c->hidden_size;
+
+	op->gather_rows(be, w->sel_resid, w->resid, b->out_rows, b->n_out, H, 1);
+	op->gather_rows(be, w->sel_delta, w->delta, b->out_rows, b->n_out, H, 0);
+	op->add_rmsnorm(be, w->sel_y, w->sel_resid, w->sel_delta, d->final_norm, b->n_out, H,
+			c->rms_norm_eps);
+	op->matmul(be, rk->logits, 1, w->sel_y, &d->lm_head, b->n_out);
+}
+
+/*
+ * One step on every rank. The ranks run the same ops on their shares, queued rank by rank
+ * (device backends run them concurrently), and meet at the two all-reduces per layer.
+ */
+void sm70__decoder_forward(struct sm70_model *m)
+{
+	struct work w[SM70_MAX_TP];
+	int T = m->rank[0].batch.n_tokens;
+
+	for (int r = 0; r < m->tp; r++) {
+		struct sm70_model_rank *rk = &m->rank[r];
+		const struct sm70_decoder *d = rk->arch_state;
+
+		carve_work(m, r, &w[r]);
+		rk->be->ops->embed(rk->be, w[r].resid, &d->embed, rk->batch.tok_ids, T);
+	}
+	for (int l = 0; l < m->cfg.n_layers; l++) {
+		int gdn = m->cfg.layer_kind[l] == SM70_LAYER_GDN;
+
+		for (int r = 0; r < m->tp; r++) {
+			residual_in(m, r, &w[r], l == 0, layer_of(m, r, l)->mixer_norm);
+			if (gdn)
+				gdn_block(m, r, l, &w[r]);
+			else
+				attention_block(m, r, l, &w[r]);
+		}
+		reduce_delta(m, w, T);
+		for (int r = 0; r < m->tp; r++) {
+			residual_in(m, r, &w[r], 0, layer_of(m, r, l)->mlp_norm);
+			mlp_block(m, r, l, &w[r]);
+		}
+		reduce_delta(m, w, T);
+	}
+	if (m->rank[0].batch.n_out == 0)
+		return;
+	for (int r = 0; r < m->tp; r++)
+		head_block(m, r, &w[r]);
+}
+
+/* ---- weights ------------------------------------------------------------------------ */
+
+#define WBYTES(wt) ((size_t)(wt).rows * (wt).cols * sm70_dtype_size((wt).dtype))
+
+size_t sm70__decoder_weight_bytes(const struct sm70_model *m, int r)
+{
+	const struct sm70_decoder *d = m->rank[r].arch_state;
+	size_t n = 0;
+
+	for (int l = 0; l < d->n_layers; l++) {
+		const struct sm70_layer_weights *L = &d->layers[l];
+		n += WBYTES(L->attn.qkv) + WBYTES(L->attn.o) + WBYTES(L->gdn.in_proj) +
+		     WBYTES(L->gdn.out) + WBYTES(L->mlp.gate_up) + WBYTES(L->mlp.down);
+	}
+	return n + WBYTES(d->lm_head);
+}
+
+struct sm70_decoder *sm70__decoder_new(int n_layers)
+{
+	struct sm70_decoder *d = calloc(1, sizeof(*d));
+
+	if (!d)
+		return NULL;
+	d->layers = calloc((size_t)n_layers, sizeof(*d->layers));
+	if (!d->layers) {
+		free(d);
+		return NULL;
+	}
+	d->n_layers = n_layers;
+	return d;
+}
+
+void sm70__decoder_free(struct sm70_model *m, int r, void *state)
+{
+	struct sm70_decoder *d = state;
+	struct sm70_backend *be = m->rank[r].be;
+
+	if (!d)
+		return;
+	for (int l = 0; l < d->n_layers; l++) {
+		struct sm70_layer_weights *L = &d->layers[l];
+		float *vecs[] = { L->mixer_norm, L->mlp_norm, L->attn.q_norm, L->attn.k_norm,
+				  L->gdn.conv, L->gdn.a_log, L->gdn.dt_bias, L->gdn.norm };
+		struct sm70_weight *mats[] = { &L->attn.qkv, &L->attn.o, &L->gdn.in_proj,
+					       &L->gdn.out, &L->mlp.gate_up, &L->mlp.down };
+
+		for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++)
+			if (vecs[i])
+				be->ops->buf_free(be, vecs[i]);
+		for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++)
+			sm70__weight_free(m, r, mats[i]);
+	}
+	free(d->layers);
+	if (!d->tied)
+		sm70__weight_free(m, r, &d->lm_head);
+	sm70__weight_free(m, r, &d->embed);
+	if (d->final_norm)
+		be->ops->buf_free(be, d->final_norm);
+	free(d);
+}
+
+const char *sm70__layer_prefix(char *buf, size_t n, const char *prefix, int l)
+{
+	snprintf(buf, n, "%slayers.%d.", prefix, l);
+	return buf;
+}
+
+/* "<p><suffix>" into buf. */
+static const char *name(char *buf, size_t n, const char *p, const char *suffix)
+{
+	snprintf(buf, n, "%s%s", p, suffix);
+	return buf;
+}
+
+int sm70__load_embed_head(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+			  struct sm70_decoder *d, const char *prefix, struct sm70_err *err)
+{
+	const struct sm70_model_config *c = &m->cfg;
+	const struct sm70_model_rank *rk = &m->rank[r];
+	int H = c->hidden_size, V = c->vocab_size;
+	char n_embed[128], n_norm[128];
+	int ret;
+
+	name(n_embed, sizeof(n_embed), prefix, "embed_tokens.weight");
+	{
+		/* replicated: every rank embeds every token */
+		struct sm70_weight_part p[1] = { { n_embed, V, 0, V } };
+		ret = sm70__weight_load(m, r, ck, &d->embed, p, 1, H, 0, H, err);
+		if (ret)
+			return ret;
+	}
+	/* A checkpoint that says "tied" but still stores lm_head.weight: use what it stores,
+	 * as transformers would after loading. */
+	d->tied = c->tie_word_embeddings && (m->opts.dummy || !sm70_ckpt_find(ck, "lm_head.weight"));
+	if (d->tied) {
+		/* this rank's vocabulary rows of the embedding, without a copy */
+		d->lm_head = d->embed;
+		d->lm_head.rows = rk->vocab_n;
+		d->lm_head.data = (char *)d->embed.data +
+				  (size_t)rk->vocab0 * H * sm70_dtype_size(d->embed.dtype);
+	} else {
+		struct sm70_weight_part p[1] = { { "lm_head.weight", V, rk->vocab0, rk->vocab_n } };
+		ret = sm70__weight_load(m, r, ck, &d->lm_head, p, 1, H, 0, H, err);
+		if (ret)
+			return ret;
+	}
+	return sm70__norm_load(m, r, ck, &d->final_norm, name(n_norm, sizeof(n_norm), prefix,
+							      "norm.weight"), H, err);
+}
+
+int sm70__load_mlp(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
+		   struct sm70_mlp_weights *w, struct sm70_err *err)
+{
+	const struct sm70_model_rank *rk = &m->rank[r];
+	int H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
+	char ng[160], nu[160], nd[160];
+	int ret;
+
+	name(ng, sizeof(ng), p, "mlp.gate_proj.weight");
+	name(nu, sizeof(nu), p, "mlp.up_proj.weight");
+	name(nd, sizeof(nd), p, "mlp.down_proj.weight");
+	{
+		struct sm70_weight_part parts[2] = {
+			{ ng, I, r * rk->inter, rk->inter },
+			{ nu, I, r * rk->inter, rk->inter },
+		};
+		ret = sm70__weight_load(m, r, ck, &w->gate_up, parts, 2, H, 0, H, err);
+		if (ret)
+			return ret;
+	}
+	{
+		struct sm70_weight_part parts[1] = { { nd, H, 0, H } };
+		return sm70__weight_load(m, r, ck, &w->down, parts, 1, I, r * rk->inter, rk->inter,
+					 err);
+	}
+}
+
+int sm70__load_attention(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+			 const char *p, struct sm70_attn_weights *w, struct sm70_err *err)
+{
+	const struct sm70_model_config *c = &m->cfg;
+	const struct sm70_model_rank *rk = &m->rank[r];
+	int D = c->head_dim, H = c->hidden_size, Hq = rk->q_heads, g = c->attn_gate;
+	char nq[160], nk[160], nv[160], no[160], nqn[160], nkn[160];
+	struct sm70_weight_part *parts;
+	int n = 0, ret;
+
+	name(nq, sizeof(nq), p, "self_attn.q_proj.weight");
+	name(nk, sizeof(nk), p, "self_attn.k_proj.weight");
+	name(nv, sizeof(nv), p, "self_attn.v_proj.weight");
+	name(no, sizeof(no), p, "self_attn.o_proj.weight");
+	name(nqn, sizeof(nqn), p, "self_attn.q_norm.weight");
+	name(nkn, sizeof(nkn), p, "self_attn.k_norm.weight");
+	if ((ret = sm70__norm_load(m, r, ck, &w->q_norm, nqn, D, err)) ||
+	    (ret = sm70__norm_load(m, r, ck, &w->k_norm, nkn, D, err)))
+		return ret;
+
+	/* column-parallel: this rank's query heads and the KV heads they read. A gated
+	 * q_proj holds [query, gate] per head (2D rows each): the queries are gathered
+	 * first and the gates moved behind v, so q | k | v stay contiguous for the cache
+	 * and the gate is one more band of the same matmul. */
+	parts = calloc((size_t)(2 * Hq + 2), sizeof(*parts));
+	if (!parts)
+		return -ENOMEM;
+	if (g) {
+		for (int h = 0; h < Hq; h++)
+			parts[n++] = (struct sm70_weight_part){ nq, 2 * c->n_heads * D,
+								(rk->q_head0 + h) * 2 * D, D };
+	} else {
+		parts[n++] = (struct sm70_weight_part){ nq, c->n_heads * D, rk->q_head0 * D,
+							Hq * D };
+	}
+	parts[n++] = (struct sm70_weight_part){ nk, c->n_kv_heads * D, rk->kv_head0 * D,
+						rk->kv_heads * D };
+	parts[n++] = (struct sm70_weight_part){ nv, c->n_kv_heads * D, rk->kv_head0 * D,
+						rk->kv_heads * D };
+	for (int h = 0; g && h < Hq; h++)
+		parts[n++] = (struct sm70_weight_part){ nq, 2 * c->n_heads * D,
+							(rk->q_head0 + h) * 2 * D + D, D };
+	ret = sm70__weight_load(m, r, ck, &w->qkv, parts, n, H, 0, H, err);
+	free(parts);
+	if (ret)
+		return ret;
+	{
+		/* row-parallel: the columns that read this rank's heads */
+		struct sm70_weight_part po[1] = { { no, H, 0, H } };
+		return sm70__weight_load(m, r, ck, &w->o, po, 1, c->n_heads * D,
+					 rk->q_head0 * D, Hq * D, err);
+	}
+}

@@ -1,0 +1,90 @@
+/*
+ * layers.h - the layer library: the blocks decoder models are composed of, written once
+ * against the op table, and the decoder forward that walks a model's per-layer plan.
+ *
+ * An architecture file (qwen3.c, qwen3_5.c) only reads its checkpoint into a struct
+ * sm70_decoder (names, layouts, tensor-parallel bands); the forward, the workspace, the
+ * weight accounting and the unload are shared. A layer is a token mixer (attention,
+ * gated attention or Gated DeltaNet) and an MLP, each wrapped by the residual:
+ *   before a block  sm70__residual_in: add the pending update, norm into the block input
+ *   after a block   the block's output is the pending update (all-reduced over ranks)
+ * so a residual of several streams (hyper-connections) is another implementation of
+ * those two calls, not a change to every block.
+ *
+ * Ownership: the decoder's weights are backend memory of its rank, freed by
+ * sm70__decoder_free. Not thread-safe (one model, one caller).
+ */
+#ifndef SM70_ENGINE_LAYERS_H
+#define SM70_ENGINE_LAYERS_H
+
+#include "daemon/engine/model.h"
+
+/* Attention: qkv stacks q | k | v (| the output gate when gated), this rank's heads. */
+struct sm70_attn_weights {
+	struct sm70_weight qkv, o;
+	float *q_norm, *k_norm;
+};
+
+/* Gated DeltaNet: in_proj stacks q | k | v | z | b | a (the conv channels first); conv
+ * f32 [conv_dim][conv_k]; a_log, dt_bias f32 [n_v_heads]; norm f32 [v_dim] (plain). */
+struct sm70_gdn_weights {
+	struct sm70_weight in_proj, out;
+	float *conv, *a_log, *dt_bias, *norm;
+};
+
+/* Dense SwiGLU MLP: gate | up stacked. */
+struct sm70_mlp_weights {
+	struct sm70_weight gate_up, down;
+};
+
+struct sm70_layer_weights {
+	float *mixer_norm, *mlp_norm;
+	struct sm70_attn_weights attn; /* SM70_LAYER_ATTENTION */
+	struct sm70_gdn_weights gdn;   /* SM70_LAYER_GDN */
+	struct sm70_mlp_weights mlp;
+};
+
+struct sm70_decoder {
+	struct sm70_weight embed;
+	struct sm70_weight lm_head; /* aliases embed when tied */
+	int tied;
+	float *final_norm;
+	int n_layers;
+	struct sm70_layer_weights *layers;
+};
+
+/* Allocates an empty decoder of n_layers layers (NULL when out of memory). */
+struct sm70_decoder *sm70__decoder_new(int n_layers);
+
+/* Frees every weight of rank r's decoder (unloaded parts are NULL and skipped). */
+void sm70__decoder_free(struct sm70_model *m, int r, void *state);
+
+/* The shared loads: the embedding (replicated), the LM head (this rank's vocabulary rows,
+ * or a view into the embedding when tied) and the final norm; prefix is the text
+ * model's name prefix ("model." or "model.language_model."). */
+int sm70__load_embed_head(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+			  struct sm70_decoder *d, const char *prefix, struct sm70_err *err);
+
+/* The dense MLP of layer l at name prefix p ("...layers.L."): column-parallel gate/up,
+ * row-parallel down. */
+int sm70__load_mlp(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
+		   struct sm70_mlp_weights *w, struct sm70_err *err);
+
+/* The attention of a layer at name prefix p: q/k/v (and, when the config says gated,
+ * the per-head output gate that q_proj interleaves with the query, moved behind v),
+ * o_proj and the q/k norms. */
+int sm70__load_attention(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+			 const char *p, struct sm70_attn_weights *w, struct sm70_err *err);
+
+/* Workspace bytes of one step on rank r, and the forward of the step uploaded to every
+ * rank (the arch ops' workspace_bytes and forward). */
+size_t sm70__decoder_workspace_bytes(const struct sm70_model *m, int r);
+void sm70__decoder_forward(struct sm70_model *m);
+
+/* Bytes of weights one decode step reads on rank r. */
+size_t sm70__decoder_weight_bytes(const struct sm70_model *m, int r);
+
+/* A layer-name prefix: "<prefix>layers.<l>." into buf. */
+const char *sm70__layer_prefix(char *buf, size_t n, const char *prefix, int l);
+
+#endif

@@ -1,0 +1,344 @@
+/*
+ * weights.c - weights for the architectures: stacks of checkpoint tensor bands (what a
+ * tensor-parallel rank holds) in the backend's dtype, f32 vectors (norms, convolution
+ * and gate parameters), and the deterministic dummy weights of --load-format dummy.
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/engine/model.h"
+
+
+/* The splitmix64 finaliser. */
+static uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static uint64_t name_seed(const char *name, uint64_t seed)
+{
+	uint64_t h = 0xcbf29ce484222325ull ^ seed; /* FNV-1a */
+
+	for (; *name; name++)
+		h = (h ^ (unsigned char)*name) * 0x100000001b3ull;
+	return h;
+}
+
+/* The dummy value of element i of a tensor seeded with s: uniform in [-1, 1). */
+static float dummy_at(uint64_t s, uint64_t i)
+{
+	uint64_t z = mix64(s + (i + 1) * 0x9e3779b97f4a7c15ull);
+
+	return (float)((double)(z >> 40) * 0x1p-23 - 1.0);
+}
+
+/*
+ * Dummy weights: a [rows, cols] window at (row0, col0) of a tensor with full_cols columns,
+ * each value scale * dummy_at(seed, flat index), rounded to bf16 (as a real checkpoint
+ * would hold) and stored as dt. Rows are spread over threads, because an 8B-parameter
+ * model has 8e9 values; the values do not depend on the thread count.
+ */
+struct dummy_job {
+	void *dst;
+	enum sm70_dtype dt;
+	uint64_t seed;
+	float scale;
+	size_t full_cols, row0, rows, col0, cols;
+	size_t next_row; /* claimed in bands with __atomic_fetch_add */
+};
+
+#define DUMMY_BAND 16
+
+static void dummy_rows(const struct dummy_job *j, size_t r0, size_t r1)
+{
+	for (size_t r = r0; r < r1; r++) {
+		uint64_t base = (uint64_t)(j->row0 + r) * j->full_cols + j->col0;
+
+		for (size_t c = 0; c < j->cols; c++) {
+			size_t i = r * j->cols + c;
+			uint16_t b = sm70_f32_to_bf16(j->scale * dummy_at(j->seed, base + c));
+			float v = sm70_bf16_to_f32(b);
+			if (j->dt == SM70_DTYPE_BF16)
+				((uint16_t *)j->dst)[i] = b;
+			else if (j->dt == SM70_DTYPE_F16)
+				((uint16_t *)j->dst)[i] = sm70_f32_to_f16(v);
+			else
+				((float *)j->dst)[i] = v;
+		}
+	}
+}
+
+static void *dummy_worker(void *arg)
+{
+	struct dummy_job *j = arg;
+	size_t r;
+
+	while ((r = __atomic_fetch_add(&j->next_row, DUMMY_BAND, __ATOMIC_RELAXED)) < j->rows)
+		dummy_rows(j, r, r + DUMMY_BAND < j->rows ? r + DUMMY_BAND : j->rows);
+	return NULL;
+}
+
+static void dummy_fill(struct dummy_job *j)
+{
+	pthread_t th[32];
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	int started = 0;
+
+	if (n > 32)
+		n = 32;
+	if (j->rows * j->cols >= ((size_t)4 << 20))
+		for (; started < n - 1; started++)
+			if (pthread_create(&th[started], NULL, dummy_worker, j))
+				break;
+	dummy_worker(j); /* the caller works too; alone if threads could not start */
+	for (int i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+}
+
+/*
+ * Converts count elements of src (src_dt) into dst (dt), in chunks through an f32
+ * buffer. Values beyond the f16 range are clamped to +-65504 and counted in
+ * m->clamped_values (bf16 checkpoints can hold them).
+ */
+static int convert_weight(struct sm70_model *m, void *dst, enum sm70_dtype dt, const void *src,
+			  enum sm70_dtype src_dt, size_t count, const char *name,
+			  struct sm70_err *err)
+{
+	enum { CHUNK = 4096 };
+	float buf[CHUNK];
+	size_t src_esz = sm70_dtype_size(src_dt), dst_esz = sm70_dtype_size(dt);
+
+	for (size_t i = 0; i < count; i += CHUNK) {
+		size_t n = count - i < CHUNK ? count - i : CHUNK;
+		char *d = (char *)dst + i * dst_esz;
+
+		sm70_convert_to_f32(buf, (const char *)src + i * src_esz, src_dt, n);
+		for (size_t k = 0; k < n; k++) {
+			float v = buf[k];
+			uint16_t h;
+			switch (dt) {
+			case SM70_DTYPE_F32:
+				memcpy(d + 4 * k, &v, 4);
+				break;
+			case SM70_DTYPE_F16:
+				if (v > 65504.0f || v < -65504.0f) {
+					v = v > 0 ? 65504.0f : -65504.0f;
+					m->clamped_values++;
+				}
+				h = sm70_f32_to_f16(v);
+				memcpy(d + 2 * k, &h, 2);
+				break;
+			case SM70_DTYPE_BF16:
+				h = sm70_f32_to_bf16(v);
+				memcpy(d + 2 * k, &h, 2);
+				break;
+			default:
+				return sm70_errf(err, -EINVAL, "cannot store %s as %s", name,
+						 sm70_dtype_name(dt));
+			}
+		}
+	}
+	return 0;
+}
+
+/* Copies the window of part p (rows x cols at col0) of tensor t into dst as dt. */
+static int copy_window(struct sm70_model *m, void *dst, enum sm70_dtype dt,
+		       const struct sm70_st_tensor *t, const struct sm70_weight_part *p,
+		       int full_cols, int col0, int cols, struct sm70_err *err)
+{
+	size_t src_esz = sm70_dtype_size(t->dtype), dst_esz = sm70_dtype_size(dt);
+	int whole_rows = col0 == 0 && cols == full_cols;
+	/* whole rows are one contiguous run; a column window is one run per row */
+	int runs = whole_rows ? 1 : p->rows;
+	size_t run = whole_rows ? (size_t)p->rows * cols : (size_t)cols;
+
+	for (int i = 0; i < runs; i++) {
+		const char *src = (const char *)t->data +
+				  (((size_t)p->row0 + i) * full_cols + col0) * src_esz;
+		char *d = (char *)dst + (size_t)i * run * dst_esz;
+		int ret;
+
+		if (t->dtype == dt) {
+			memcpy(d, src, run * dst_esz);
+			continue;
+		}
+		ret = convert_weight(m, d, dt, src, t->dtype, run, p->name, err);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+int sm70__weight_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+		      struct sm70_weight *w, const struct sm70_weight_part *parts, int n,
+		      int full_cols, int col0, int cols, struct sm70_err *err)
+{
+	struct sm70_backend *be = m->rank[r].be;
+	const struct sm70_st_tensor **t;
+	enum sm70_dtype dt = SM70_DTYPE_BF16;
+	size_t esz, total_rows = 0, off = 0;
+	uint8_t *host = NULL;
+	int ret = 0;
+
+	if (n < 1 || col0 < 0 || cols < 1 || col0 + cols > full_cols)
+		return -EINVAL;
+	t = calloc((size_t)n, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	for (int i = 0; i < n; i++) {
+		if (parts[i].row0 < 0 || parts[i].rows < 1 ||
+		    parts[i].row0 + parts[i].rows > parts[i].full_rows) {
+			ret = -EINVAL;
+			goto out;
+		}
+		total_rows += (size_t)parts[i].rows;
+		if (m->opts.dummy)
+			continue;
+		int64_t shape[2] = { parts[i].full_rows, full_cols };
+		ret = sm70_ckpt_get(ck, parts[i].name, 2, shape, &t[i], err);
+		if (ret)
+			goto out;
+	}
+	/* Stacked tensors keep their dtype when they agree, else become f32; a backend that
+	 * wants one weight dtype gets that. */
+	if (!m->opts.dummy) {
+		dt = t[0]->dtype;
+		for (int i = 1; i < n; i++)
+			if (t[i]->dtype != dt)
+				dt = SM70_DTYPE_F32;
+	}
+	if (be->weight_dtype != SM70_DTYPE_COUNT)
+		dt = be->weight_dtype;
+	esz = sm70_dtype_size(dt);
+	host = malloc(total_rows * (size_t)cols * esz);
+	if (!host) {
+		ret = sm70_errf(err, -ENOMEM, "out of host memory loading %s", parts[0].name);
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		size_t count = (size_t)parts[i].rows * (size_t)cols;
+		if (m->opts.dummy) {
+			struct dummy_job j = {
+				.dst = host + off, .dt = dt,
+				.seed = name_seed(parts[i].name, m->opts.dummy_seed),
+				.scale = 1.0f / sqrtf((float)full_cols),
+				.full_cols = (size_t)full_cols, .row0 = (size_t)parts[i].row0,
+				.rows = (size_t)parts[i].rows, .col0 = (size_t)col0,
+				.cols = (size_t)cols,
+			};
+			dummy_fill(&j);
+		} else {
+			ret = copy_window(m, host + off, dt, t[i], &parts[i], full_cols, col0, cols,
+					  err);
+			if (ret)
+				goto out;
+		}
+		off += count * esz;
+	}
+	w->dtype = dt;
+	w->rows = (int)total_rows;
+	w->cols = cols;
+	w->data = be->ops->buf_alloc(be, off);
+	if (!w->data) {
+		ret = sm70_errf(err, -ENOMEM, "cannot allocate %zu bytes on %s (rank %d) for %s",
+				off, be->name, r, parts[0].name);
+		goto out;
+	}
+	ret = be->ops->upload(be, w->data, host, off);
+out:
+	free(host);
+	free(t);
+	return ret;
+}
+
+int sm70__f32_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, float **out,
+		   const char *name, int ndim, const int64_t *shape,
+		   const struct sm70_row_band *bands, int n_bands, float add, float dummy_base,
+		   float dummy_scale, struct sm70_err *err)
+{
+	struct sm70_backend *be = m->rank[r].be;
+	const struct sm70_st_tensor *t = NULL;
+	size_t inner = 1, total = 0, off = 0;
+	float *host = NULL, *row = NULL;
+	uint64_t seed = name_seed(name, m->opts.dummy_seed);
+	int ret = 0;
+
+	*out = NULL;
+	if (ndim < 1 || ndim > 4 || n_bands < 1)
+		return -EINVAL;
+	for (int d = 1; d < ndim; d++)
+		inner *= (size_t)shape[d];
+	for (int i = 0; i < n_bands; i++) {
+		if (bands[i].row0 < 0 || bands[i].rows < 1 ||
+		    bands[i].row0 + (int64_t)bands[i].rows > shape[0])
+			return -EINVAL;
+		total += (size_t)bands[i].rows * inner;
+	}
+	if (!m->opts.dummy) {
+		ret = sm70_ckpt_get(ck, name, ndim, shape, &t, err);
+		if (ret)
+			return ret;
+	}
+	host = malloc(total * sizeof(float));
+	if (!host)
+		return -ENOMEM;
+	for (int i = 0; i < n_bands; i++) {
+		size_t n = (size_t)bands[i].rows * inner, first = (size_t)bands[i].row0 * inner;
+
+		row = host + off;
+		if (m->opts.dummy) {
+			for (size_t k = 0; k < n; k++)
+				row[k] = dummy_base + dummy_scale * dummy_at(seed, (uint64_t)(first + k));
+		} else {
+			sm70_convert_to_f32(row, (const char *)t->data +
+					    first * sm70_dtype_size(t->dtype), t->dtype, n);
+		}
+		for (size_t k = 0; k < n; k++)
+			row[k] += add;
+		off += n;
+	}
+	*out = be->ops->buf_alloc(be, total * sizeof(float));
+	if (!*out) {
+		ret = sm70_errf(err, -ENOMEM, "cannot allocate %zu bytes on %s (rank %d) for %s",
+				total * sizeof(float), be->name, r, name);
+		goto out;
+	}
+	ret = be->ops->upload(be, *out, host, total * sizeof(float));
+out:
+	free(host);
+	return ret;
+}
+
+int sm70__norm_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, float **out,
+		    const char *name, int dim, struct sm70_err *err)
+{
+	int64_t shape[1] = { dim };
+	struct sm70_row_band all = { 0, dim };
+	/* zero-centred weights scale by 1 + w: the 1 is added here, once */
+	float add = m->cfg.zero_centred_norms ? 1.0f : 0.0f;
+
+	return sm70__f32_load(m, r, ck, out, name, 1, shape, &all, 1, add, 1.0f - add, 0.1f,
+			      err);
+}
+
+int sm70__plain_norm_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+			  float **out, const char *name, int dim, struct sm70_err *err)
+{
+	int64_t shape[1] = { dim };
+	struct sm70_row_band all = { 0, dim };
+
+	return sm70__f32_load(m, r, ck, out, name, 1, shape, &all, 1, 0.0f, 1.0f, 0.1f, err);
+}
+
+void sm70__weight_free(struct sm70_model *m, int r, struct sm70_weight *w)
+{
+	if (w->data)
+		m->rank[r].be->ops->buf_free(m->rank[r].be, w->data);
+	w->data = NULL;
+}
