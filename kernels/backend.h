@@ -61,7 +61,8 @@ struct sm70_kv_layout {
  * conv_dim = 2 * n_k_heads * k_dim + n_v_heads * v_dim (the q | k | v channels).
  * A sequence's state is whatever its previous tokens left; a token at position 0 starts
  * from zeros (the ops reset the slot first), so a new or recomputed sequence never needs
- * its slot cleared.
+ * its slot cleared. Several padding sequences of a batch may share the scratch slot;
+ * their outputs and its contents are then unspecified.
  */
 struct sm70_state_layer {
 	void *conv;
@@ -98,7 +99,8 @@ struct sm70_batch {
 	const int32_t *out_rows; /* [n_out] token indices */
 
 	/*
-	 * The batch's shape, for backends with a separate prefill path (the CPU ignores it):
+	 * The batch's shape, for backends with a separate prefill path (on the CPU only the
+	 * linear-attention ops read it; gdn's chunked form follows it):
 	 * tokens [0, n_decode) are decodes, one per sequence; the rest form n_chunks prefill
 	 * chunks, chunk c being tokens [chunk_first[c], chunk_first[c] + chunk_len[c]) of one
 	 * sequence at consecutive positions. Host copies are in chunk_first_host /

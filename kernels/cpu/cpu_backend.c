@@ -136,6 +136,10 @@ static const struct sm70_backend_ops cpu_ops = {
 	.silu_mul = sm70__cpu_silu_mul,
 	.gather_rows = sm70__cpu_gather_rows,
 	.shard_summary = sm70__cpu_shard_summary,
+	.conv1d_silu = sm70__cpu_conv1d_silu,
+	.gdn = sm70__cpu_gdn,
+	.gated_rmsnorm = sm70__cpu_gated_rmsnorm,
+	.sigmoid_mul = sm70__cpu_sigmoid_mul,
 };
 
 int sm70_backend_cpu_create(struct sm70_backend **out, int n_threads, struct sm70_err *err)

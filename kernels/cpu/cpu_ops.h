@@ -148,6 +148,69 @@ static inline float sm70__cpu_dot(const float *restrict a, const float *restrict
 	return sm70__cpu_dot_end(acc, a + n8, b + n8, n - n8);
 }
 
+/*
+ * How the linear-attention ops (conv1d_silu, gdn) walk a batch. Tokens of one state slot
+ * must run in batch order, so work is split by slot, never by token: the task of a
+ * sequence runs the tokens of its slot, and a sequence whose slot an earlier sequence
+ * of the batch already has (padding rows all share the scratch slot n_slots) has no
+ * work of its own, since that earlier sequence's task runs its tokens too. That keeps
+ * a shared slot race-free and every result independent of the thread count.
+ *
+ * Tokens are found through units: unit u < n_decode is decode token u; the units after
+ * it are the prefill chunks (chunk_first_host / chunk_len_host). A batch without that
+ * shape (n_decode + the chunk lengths must cover every token in order) falls back to
+ * one unit per token, which the ops then run as the recurrence.
+ */
+struct sm70__cpu_units {
+	int n;        /* units */
+	int n_decode; /* units [0, n_decode) are single tokens, decodes */
+	const int32_t *first; /* NULL: unit u is token u */
+	const int32_t *len;
+};
+
+/* Fills u for batch b (reads the host shape arrays and tok_seq / tok_pos: host memory
+ * on the CPU). A chunk must be tokens of one sequence at consecutive positions, or the
+ * whole batch takes the one-unit-per-token fallback. Defined in gdn.c. */
+void sm70__cpu_units_init(struct sm70__cpu_units *u, const struct sm70_batch *b);
+
+/* The first token and the length of unit i. */
+static inline void sm70__cpu_unit(const struct sm70__cpu_units *u, int i, int *first,
+				  int *len)
+{
+	if (i < u->n_decode) {
+		*first = i;
+		*len = 1;
+	} else {
+		*first = u->first[i - u->n_decode];
+		*len = u->len[i - u->n_decode];
+	}
+}
+
+/* The slot whose tokens the task of sequence s runs, or -1 when it has none to run:
+ * an earlier sequence has the same slot, or the slot is outside [0, n_slots]. */
+static inline int sm70__cpu_state_owner(const struct sm70_batch *b, int n_slots, int s)
+{
+	int slot = b->seq_state[s];
+
+	if (slot < 0 || slot > n_slots)
+		return -1;
+	for (int i = 0; i < s; i++)
+		if (b->seq_state[i] == slot)
+			return -1;
+	return slot;
+}
+
+/* The slot of token t, or -1 when it is outside [0, n_slots]. */
+static inline int sm70__cpu_token_slot(const struct sm70_batch *b, int n_slots, int t)
+{
+	int s = b->tok_seq[t], slot;
+
+	if (s < 0 || s >= b->n_seqs)
+		return -1;
+	slot = b->seq_state[s];
+	return slot < 0 || slot > n_slots ? -1 : slot;
+}
+
 void sm70__cpu_embed(struct sm70_backend *be, float *x, const struct sm70_weight *table,
 		     const int32_t *ids, int n);
 void sm70__cpu_add_rmsnorm(struct sm70_backend *be, void *y, float *resid, const void *delta,
@@ -171,5 +234,16 @@ void sm70__cpu_gather_rows(struct sm70_backend *be, void *dst, const void *src,
 void sm70__cpu_shard_summary(struct sm70_backend *be, struct sm70_shard_summary *out,
 			     const float *logits, const struct sm70_sample_row *rows, int n,
 			     int vocab, int id0);
+void sm70__cpu_conv1d_silu(struct sm70_backend *be, void *out, const void *x, int ld,
+			   const float *w, const struct sm70_state_layer *st,
+			   const struct sm70_state_layout *lay, const struct sm70_batch *b);
+void sm70__cpu_gdn(struct sm70_backend *be, void *out, const void *qkv, const void *ba,
+		   int ba_ld, const float *a_log, const float *dt_bias,
+		   const struct sm70_state_layer *st, const struct sm70_state_layout *lay,
+		   const struct sm70_batch *b, int chunked);
+void sm70__cpu_gated_rmsnorm(struct sm70_backend *be, void *x, const void *z, int z_ld,
+			     const float *w, int n, int n_heads, int dim, float eps);
+void sm70__cpu_sigmoid_mul(struct sm70_backend *be, void *x, const void *gate, int ld, int n,
+			   int dim);
 
 #endif
