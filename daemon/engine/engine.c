@@ -78,6 +78,8 @@ struct sm70_engine {
 
 void sm70_engine_opts_default(struct sm70_engine_opts *o)
 {
+	const char *env;
+
 	memset(o, 0, sizeof(*o));
 	o->backend = "cpu";
 	o->tp = 1;
@@ -86,6 +88,9 @@ void sm70_engine_opts_default(struct sm70_engine_opts *o)
 	o->block_size = 16;
 	o->kv_bytes = (size_t)256 << 20;
 	o->kv_dtype = SM70_DTYPE_COUNT;
+	/* the switch back to the DeltaNet reference path; callers may still override it */
+	env = getenv("SM70_GDN");
+	o->gdn_recurrent = env && strcmp(env, "reference") == 0;
 }
 
 static int blocks_for(const struct sm70_engine *e, int n_tokens)

@@ -116,7 +116,7 @@ struct sm70_engine_stats {
 
 struct sm70_engine;
 
-/* Fills opts with the defaults. */
+/* Fills opts with the defaults (SM70_GDN=reference in the environment sets gdn_recurrent). */
 void sm70_engine_opts_default(struct sm70_engine_opts *o);
 
 /* Loads the model in model_dir onto the chosen backend. Returns 0 or -errno with err

@@ -8,7 +8,8 @@
  * the same), warmed up for a few steps, then `steps` decode steps are timed with the
  * monotonic clock (each step ends with the download of its sampled tokens, so the time is
  * the device time plus the host's share). The roofline of one step is the bytes it must
- * read, weights + every sequence's KV, divided by the read bandwidth passed with --bw-gbs
+ * move, weights + every sequence's KV + (recurrent models) every sequence's DeltaNet
+ * state read and written back, divided by the read bandwidth passed with --bw-gbs
  * (measure it in the same run with `sm70-bench bw`), or, without it, reported as bytes
  * per second only. With --tp N the model is split over N GPUs: the bytes are those of all
  * ranks (KV heads replicated when there are fewer than ranks) and the roofline is N times
@@ -112,12 +113,17 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 	{
 		const struct sm70_model_config *mc = sm70_engine_model_config(e);
 		int kv_heads = mc->n_kv_heads < eo->tp ? eo->tp : mc->n_kv_heads;
-		double kv_tok = 2.0 * mc->n_layers * kv_heads * mc->head_dim *
+		double kv_tok = 2.0 * mc->n_attn_layers * kv_heads * mc->head_dim *
 				(double)sm70_dtype_size(eo->kv_dtype);
 		struct sm70_engine_stats st;
+		double slot = 0;
 		sm70_engine_get_stats(e, &st);
+		/* a recurrent-state slot is read and written once per decode step */
+		if (st.state_slots_total)
+			slot = (double)st.state_bytes / (st.state_slots_total + 1);
 		/* mean context over the timed steps */
-		*step_bytes = (double)st.weight_bytes + batch * kv_tok * (ctx + warm + steps / 2.0);
+		*step_bytes = (double)st.weight_bytes + batch * kv_tok * (ctx + warm + steps / 2.0) +
+			      batch * 2.0 * slot;
 	}
 	while (sm70_engine_busy(e))
 		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
