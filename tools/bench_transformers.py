@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Baseline for `sm70-bench decode`: transformers decoding a randomly initialised model
-(same config.json) with a static KV cache, fp16, on the same GPU.
+(same config.json) with a static KV cache (hybrid models: their own dynamic cache, which
+holds the DeltaNet state), fp16, on the same GPU.
 
 Method: for each batch size B and context C, prefill B prompts of C tokens into a
 StaticCache, then time `--steps` greedy decode steps (one forward of B tokens each, argmax
@@ -19,7 +20,16 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
 
+def hybrid(cfg):
+    """Whether the model has recurrent (linear-attention) layers, which a StaticCache does
+    not hold: those run with the model's own dynamic cache."""
+    text = getattr(cfg, "text_config", None) or cfg
+    return "linear_attention" in (getattr(text, "layer_types", None) or [])
+
+
 def make_cache(cfg, batch, length):
+    if hybrid(cfg):
+        return None
     for kw in (dict(config=cfg, max_batch_size=batch, max_cache_len=length, device="cuda",
                     dtype=torch.float16),
                dict(config=cfg, max_cache_len=length)):
@@ -38,17 +48,18 @@ def run(model, cfg, batch, ctx, steps):
     out = model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True,
                 logits_to_keep=1)
     tok = out.logits[:, -1].argmax(-1, keepdim=True)
+    cache = out.past_key_values  # the model's own cache when it made one (hybrid)
     del out
     for i in range(3):  # warm-up decode steps
         p = torch.tensor([ctx + i], device="cuda")
-        tok = model(input_ids=tok, past_key_values=cache, cache_position=p,
-                    use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+        out = model(input_ids=tok, past_key_values=cache, cache_position=p, use_cache=True)
+        tok, cache = out.logits[:, -1].argmax(-1, keepdim=True), out.past_key_values
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for i in range(steps):
         p = torch.tensor([ctx + 3 + i], device="cuda")
-        tok = model(input_ids=tok, past_key_values=cache, cache_position=p,
-                    use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+        out = model(input_ids=tok, past_key_values=cache, cache_position=p, use_cache=True)
+        tok, cache = out.logits[:, -1].argmax(-1, keepdim=True), out.past_key_values
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     del cache
@@ -68,9 +79,9 @@ def main():
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float16,
                                                  attn_implementation="sdpa").eval()
-    print("transformers %s, torch %s, %s: static cache, fp16, sdpa, %d timed steps" %
+    print("transformers %s, torch %s, %s: %s cache, fp16, sdpa, %d timed steps" %
           (transformers.__version__, torch.__version__, os.path.basename(a.model.rstrip("/")),
-           a.steps))
+           "dynamic" if hybrid(cfg) else "static", a.steps))
     print("%6s %7s %12s %12s" % ("batch", "ctx", "tokens/s", "step ms"))
     for b in map(int, a.batch.split(",")):
         for c in map(int, a.ctx.split(",")):

@@ -71,12 +71,13 @@ static int all_logits(const char *dir, enum sm70_dtype kv, const int32_t *prompt
 			slot[i] = start + i; /* blocks are 0, 1, 2, ... in order */
 			rows[i] = i;
 		}
-		int32_t first = 0, len = t;
+		int32_t first = 0, len = t, state_slot = 0; /* recurrent models: slot 0 */
 		struct sm70_step st = {
 			.n_tokens = t, .n_seqs = 1, .max_blocks = n_blocks, .max_pos = start + t,
 			.tok_ids = prompt + start, .tok_pos = pos, .tok_seq = seq, .tok_slot = slot,
 			.block_tables = table, .n_out = t, .out_rows = rows,
 			.n_decode = 0, .n_chunks = 1, .chunk_first = &first, .chunk_len = &len,
+			.seq_state = &state_slot,
 		};
 		assert_int_equal(sm70_model_forward(m, &st, out + (size_t)start * *vocab), 0);
 	}
