@@ -33,6 +33,39 @@ struct sm70_weight {
 	void *data;
 };
 
+/* A stack of expert matrices [n_experts][rows][cols], row-major, in backend memory; the
+ * dtypes of struct sm70_weight. Expert e's matrix starts at data + e * rows * cols
+ * elements. */
+struct sm70_experts {
+	enum sm70_dtype dtype;
+	int n_experts;
+	int rows;
+	int cols;
+	void *data;
+};
+
+/*
+ * The routing of n tokens, each to k of n_experts experts (moe_route writes it; backend
+ * memory, sized for the most tokens a step carries):
+ *   ids [n * k], w [n * k] (f32): token t's j-th expert and its weight, j in descending
+ *     probability (ties: the lower expert id first);
+ *   order [n * k]: the assignments t * k + j grouped by expert, experts ascending, tokens
+ *     ascending within an expert;
+ *   used [n * k]: the distinct experts, ascending, in the first n_used[0] entries;
+ *   used_first [n * k + 1]: where used[u]'s assignments start in order
+ *     (used_first[n_used[0]] = n * k);
+ *   n_used [1]: how many distinct experts the step reads (graph-safe: kernels read it
+ *     from device memory, so one captured graph serves any routing).
+ */
+struct sm70_moe_route {
+	int32_t *ids;
+	float *w;
+	int32_t *order;
+	int32_t *used;
+	int32_t *used_first;
+	int32_t *n_used;
+};
+
 /* One layer's paged KV cache: n_blocks blocks of block_size tokens; within a block,
  * token-major then head then dim: k[((blk * block_size + off) * n_kv_heads + h) * head_dim
  * + d]. A "slot" is blk * block_size + off. dtype f32, f16 or f8e4m3 (CPU), f16 or
@@ -265,6 +298,34 @@ struct sm70_backend_ops {
 	 * contiguous, gate act (the output gate of gated attention). */
 	void (*sigmoid_mul)(struct sm70_backend *be, void *x, const void *gate, int ld, int n,
 			    int dim);
+
+	/*
+	 * Mixture of experts. Optional: NULL unless the backend serves MoE models.
+	 *
+	 * moe_route: for each of n rows of logits (f32, rows ld floats apart, the first
+	 * n_experts of each the router's logits): p = softmax(logits) in f32, the k largest
+	 * (ties: lower expert id first, as torch.topk on these sizes), divided by their sum
+	 * when renorm is set; fills *route as struct sm70_moe_route says.
+	 */
+	void (*moe_route)(struct sm70_backend *be, const struct sm70_moe_route *route,
+			  const float *logits, int ld, int n, int n_experts, int k, int renorm);
+
+	/*
+	 * moe_experts: out[t] (act [n][gate_up->cols]) = sum over j < k, in order of j, of
+	 * w[t * k + j] * down_e (silu(g) * u), e = ids[t * k + j], where g | u (act) = the
+	 * first and second halves of gate_up_e x[t] (gate_up rows = 2 * inter, gate first;
+	 * down: [hidden][inter]); f32 accumulation. mid (act [n * k][inter]) and part (f32
+	 * [n * k][hidden]) are the caller's scratch. Only the experts in route->used are read.
+	 */
+	void (*moe_experts)(struct sm70_backend *be, void *out, const void *x,
+			    const struct sm70_experts *gate_up, const struct sm70_experts *down,
+			    const struct sm70_moe_route *route, int n, int k, void *mid,
+			    float *part);
+
+	/* sigmoid_scale_add: out[i][j] += sigmoid(gate[i * ld]) * x[i][j], i < n, j < dim;
+	 * out and x act [n][dim], gate f32 (the shared expert's gate logit). */
+	void (*sigmoid_scale_add)(struct sm70_backend *be, void *out, const void *x,
+				  const float *gate, int ld, int n, int dim);
 
 	/* Optional graph capture (NULL: not supported). Between graph_begin and graph_end the
 	 * ops called are recorded, not run; graph_end returns a handle that graph_launch
