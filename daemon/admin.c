@@ -165,6 +165,16 @@ int sm70__admin_open(struct sm70__daemon *d, struct sm70_err *err)
 	int fd, ret;
 
 	fd = sm70__unix_listen(d->cfg.admin_socket_path, d->cfg.admin_socket_mode, 16, err);
+	if (fd == -EROFS || fd == -EACCES) {
+		/* Under sm70d.service only the runtime and state directories are writable. */
+		char why[sizeof(err->msg)];
+
+		snprintf(why, sizeof(why), "%s", err->msg);
+		sm70_err_clear(err);
+		return sm70_errf(err, fd, "admin socket: %s (under sm70d.service only /run/sm70d, "
+				 "its RuntimeDirectory, is writable in /run: leave admin_socket "
+				 "unset or put it there)", why);
+	}
 	if (fd < 0)
 		return fd;
 	d->admin_fd = fd;

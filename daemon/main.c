@@ -214,6 +214,32 @@ static int parse_gpus(struct sm70__config *c, const char *list, struct sm70_err 
 	}
 }
 
+/* With no admin_socket in the file or the flags and no --socket (which the admin socket's
+ * name then follows), under a unit with RuntimeDirectory= (which
+ * sets $RUNTIME_DIRECTORY, the first of a colon-separated list being ours): the admin socket
+ * is RUNTIME_DIRECTORY/admin.sock, the one directory of /run the sandbox lets the daemon
+ * write. Elsewhere sm70__config_check derives "<socket>.admin". Returns 0 or
+ * -ENAMETOOLONG. */
+static int runtime_admin_socket(struct sm70__config *c, struct sm70_err *err)
+{
+	const char *dir = getenv("RUNTIME_DIRECTORY");
+	size_t n;
+	int len;
+
+	if (!dir || dir[0] != '/')
+		return 0;
+	n = strcspn(dir, ":");
+	len = snprintf(c->admin_socket_path, sizeof(c->admin_socket_path), "%.*s/admin.sock",
+		       (int)n, dir);
+	if (len < 0 || (size_t)len >= sizeof(c->admin_socket_path)) {
+		c->admin_socket_path[0] = '\0';
+		return sm70_errf(err, -ENAMETOOLONG, "admin_socket: $RUNTIME_DIRECTORY/admin.sock "
+				 "is longer than %zu bytes; set admin_socket",
+				 sizeof(c->admin_socket_path) - 1);
+	}
+	return 0;
+}
+
 /* The configuration: defaults, the file (--config, else the default path if it exists),
  * then the flags, then the whole-configuration checks. Returns 0 or -errno with err
  * naming the key or flag. */
@@ -250,6 +276,8 @@ static int configure(struct sm70__config *c, const struct opts *o, const char **
 	if (o->admin_socket && (ret = set_path(c->admin_socket_path,
 					       sizeof(c->admin_socket_path), o->admin_socket,
 					       "--admin-socket", err)))
+		return ret;
+	if (!c->admin_socket_path[0] && !o->socket && (ret = runtime_admin_socket(c, err)))
 		return ret;
 	return sm70__config_check(c, err);
 }

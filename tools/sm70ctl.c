@@ -25,7 +25,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_ADMIN_SOCKET "/run/sm70/sm70d.sock.admin"
+/* The packaged daemon's admin socket (in sm70d.service's RuntimeDirectory), then the one a
+ * daemon started by hand with the default client socket binds ("<socket>.admin"). */
+#define DEFAULT_ADMIN_SOCKET "/run/sm70d/admin.sock"
+#define FALLBACK_ADMIN_SOCKET "/run/sm70/sm70d.sock.admin"
 #define REPLY_MAX 65536
 #define REPLY_TIMEOUT_MS 5000
 
@@ -51,11 +54,12 @@ static void usage(FILE *f)
 		"  drain           stop admitting jobs, wait for the running ones, exit 0\n"
 		"                  (sm70d stays up refusing new jobs until it is restarted)\n"
 		"options:\n"
-		"  --socket PATH   admin socket (default $SM70_ADMIN_SOCKET or %s)\n"
+		"  --socket PATH   admin socket (default $SM70_ADMIN_SOCKET, else %s,\n"
+		"                  else %s if the first does not exist)\n"
 		"  --json          print the daemon's JSON reply\n"
 		"  -l SECONDS      repeat every SECONDS\n"
 		"exit status: 0 ok, 1 the daemon said no, 2 usage, 3 not running, 4 unknown\n",
-		DEFAULT_ADMIN_SOCKET);
+		DEFAULT_ADMIN_SOCKET, FALLBACK_ADMIN_SOCKET);
 }
 
 /* ---- the request -------------------------------------------------------------------- */
@@ -267,6 +271,7 @@ static void print_clients(json_t *r)
 
 struct ctl {
 	const char *socket;
+	const char *fallback; /* tried when socket does not exist; NULL: none */
 	const char *cmd;
 	const char *check; /* health: "live" or "ready" */
 	int json;
@@ -390,12 +395,15 @@ int main(int argc, char **argv)
 	int opt, fd, ret;
 
 	c.socket = getenv("SM70_ADMIN_SOCKET");
-	if (!c.socket || !*c.socket)
+	if (!c.socket || !*c.socket) {
 		c.socket = DEFAULT_ADMIN_SOCKET;
+		c.fallback = FALLBACK_ADMIN_SOCKET;
+	}
 	while ((opt = getopt_long(argc, argv, "s:jl:h", lopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
 			c.socket = optarg;
+			c.fallback = NULL;
 			break;
 		case 'j':
 			c.json = 1;
@@ -444,6 +452,11 @@ int main(int argc, char **argv)
 	}
 
 	fd = admin_connect(c.socket);
+	if (fd == -ENOENT && c.fallback) {
+		fd = admin_connect(c.fallback);
+		if (fd != -ENOENT)
+			c.socket = c.fallback;
+	}
 	if (fd < 0) {
 		fprintf(stderr, "sm70ctl: cannot connect to %s: %s (is sm70d running?)\n",
 			c.socket, strerror(-fd));

@@ -7,9 +7,13 @@
 #
 #   tests/packaging/deb-check.sh [--no-build]   (--no-build: use the .debs in build/deb/)
 #
-# No systemd runs in CI, so the daemon is started directly with the unit's ExecStart line
-# as user sm70 (setpriv, which execs, so the daemon's own exit status is seen; runuser would
-# fork and answer SIGTERM itself), binding its own socket; systemd-analyze verify checks the
+# First the daemon is started by hand with the unit's ExecStart line as user sm70 (setpriv,
+# which execs, so the daemon's own exit status is seen; runuser would fork and answer SIGTERM
+# itself), binding its own sockets, as an administrator troubleshooting would run it. Then
+# the installed units run under the host's systemd, booted as PID 1 of a throw-away
+# container (tests/packaging/systemd-container.sh; see docs/OPERATIONS.md, "How the package
+# is checked"), so socket activation and the sandbox are the real ones; where that cannot
+# boot, systemd-socket-activate passes the socket instead. systemd-analyze verify checks the
 # units.
 # Prints one line per check; exit status 0 when every check passed, 1 otherwise.
 set -u
@@ -47,6 +51,7 @@ stop_daemon() {
 users_made=0
 cleanup() {
 	stop_daemon
+	[ -d "$T/container" ] && "$ROOT/tests/packaging/systemd-container.sh" stop "$T/container"
 	if [ "$users_made" = 1 ]; then
 		userdel sm70-check-in 2>/dev/null
 		userdel sm70-check-out 2>/dev/null
@@ -237,10 +242,15 @@ else
 	tail -n 20 "$T/daemon.log" | sed 's/^/      | /'
 fi
 
-# ---- socket activation, as sm70d.socket sets it up -----------------------------------------
-# systemd-socket-activate passes a listening SOCK_SEQPACKET socket the way systemd does; the
-# owner, group and mode the socket unit sets are applied by hand. A member of sm70-clients
-# must get tokens, a user outside it must be refused.
+# ---- the installed units, started by systemd ------------------------------------------
+# The host's systemd boots as PID 1 of a throw-away container over this root
+# (tests/packaging/systemd-container.sh: new PID, mount and cgroup namespaces, an overlay
+# that discards what the container writes), so the units run exactly as shipped: the
+# socket from sm70d.socket, the start on the first connection, Type=notify, User=sm70 and
+# the whole sandbox (ProtectSystem=strict, ReadOnlyPaths=/run, RuntimeDirectory=,
+# PrivateTmp=, no capabilities). A machine that cannot boot it (no CAP_SYS_ADMIN, no
+# overlayfs or cgroup2) falls back to systemd-socket-activate below, which passes the
+# socket the same way but runs no sandbox; the check says which one ran.
 sock_unit=/lib/systemd/system/sm70d.socket
 s_user=$(sed -n 's/^SocketUser=//p' $sock_unit)
 s_group=$(sed -n 's/^SocketGroup=//p' $sock_unit)
@@ -249,33 +259,157 @@ s_path=$(sed -n 's/^ListenSequentialPacket=//p' $sock_unit)
 useradd -M -N -G sm70-clients -s /usr/sbin/nologin sm70-check-in 2>/dev/null
 useradd -M -N -s /usr/sbin/nologin sm70-check-out 2>/dev/null
 users_made=1
-rm -f "$s_path"
-# shellcheck disable=SC2086
-systemd-socket-activate --seqpacket -l "$s_path" \
-	setpriv --reuid=sm70 --regid=sm70 --init-groups -- $cmd >"$T/daemon2.log" 2>&1 &
-daemon_pid=$!
-i=0
-while [ ! -S "$s_path" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-chown "$s_user:$s_group" "$s_path" && chmod "$s_mode" "$s_path"
 as_user() { u=$1; shift; setpriv --reuid="$u" --regid=nogroup --init-groups -- "$@"; }
-as_user sm70-check-in /usr/bin/sm70-generate --prompt-ids "$prompt" -n 4 >"$T/in" 2>&1
-irc=$?
-if [ $irc -eq 0 ] && [ "$(tr -s ' \n' ',,' <"$T/in" | cut -d, -f1-4)" = "$(echo "$want" | cut -d, -f1-4)" ]
-then
-	pass "socket-activated sm70d serves a member of $s_group ($s_path $s_user:$s_group $s_mode)"
+first4=$(echo "$want" | cut -d, -f1-4)
+CTR=$ROOT/tests/packaging/systemd-container.sh
+CDIR=$T/container
+ctr() { "$CTR" run "$CDIR" "$@"; }
+# ctr_mount_opts PID PATH: the per-mount options (rw/ro,...) of the mount PATH lies on, as
+# process PID (in the container) sees it: the longest mount point above PATH, the last line
+# of equal ones (the mount on top).
+ctr_mount_opts() {
+	ctr cat /proc/"$1"/mountinfo | awk -v p="$2" '
+		{ m = $5; if (p == m || m == "/" || index(p, m "/") == 1)
+			if (length(m) >= best) { best = length(m); o = $6 } }
+		END { print o }'
+}
+ctr_show() { ctr systemctl show -p "$2" --value "$1"; }
+
+if "$CTR" boot "$CDIR" >"$T/boot.out" 2>&1; then
+	systemd_ran=1
+	pass "systemd $(systemctl --version | sed -n '1s/^systemd \([0-9]*\).*/\1/p') boots as PID 1 of a container over this root (pid $(cat "$CDIR/pid") on the host)"
+	check "at boot sm70d.socket listens (sockets.target) and sm70d.service is not started" \
+		sh -c "[ \"\$('$CTR' run '$CDIR' systemctl is-active sm70d.socket)\" = active ] &&
+		       [ \"\$('$CTR' run '$CDIR' systemctl is-active sm70d.service)\" = inactive ]"
+	check "sm70d.socket made $s_path ($s_user:$s_group $s_mode), and nothing else in $(dirname "$s_path")" \
+		sh -c "[ \"\$('$CTR' run '$CDIR' stat -c '%U:%G %a %F' $s_path)\" = \
+		        '$s_user:$s_group ${s_mode#0} socket' ] &&
+		       [ \"\$('$CTR' run '$CDIR' ls -A $(dirname "$s_path"))\" = $(basename "$s_path") ]"
+
+	# The first connection starts the service; the client waits for its welcome.
+	t0=$(date +%s)
+	ctr setpriv --reuid=sm70-check-in --regid=nogroup --init-groups -- \
+		/usr/bin/sm70-generate --prompt-ids "$prompt" -n 4 >"$T/in" 2>&1
+	irc=$?
+	if [ $irc -eq 0 ] && [ "$(tr -s ' \n' ',,' <"$T/in" | cut -d, -f1-4)" = "$first4" ]; then
+		pass "a member of $s_group connecting to $s_path started sm70d.service and got the reference tokens"
+	else
+		fail "socket activation under systemd: a member of $s_group got rc $irc"
+		cat "$T/in" | sed 's/^/      | /'
+		ctr journalctl -u sm70d --no-pager -n 30 | sed 's/^/      | /'
+	fi
+	check "sm70d.service is active (running, Type=notify READY), its status line says serving" \
+		sh -c "[ \"\$('$CTR' run '$CDIR' systemctl show -p ActiveState,SubState --value sm70d)\" = \
+		        \"\$(printf 'active\nrunning')\" ] &&
+		       '$CTR' run '$CDIR' systemctl show -p StatusText --value sm70d | grep -q '^serving'"
+	check "sm70d took its listening socket from systemd" \
+		sh -c "'$CTR' run '$CDIR' journalctl -u sm70d --no-pager | grep -q 'passed by systemd'"
+	mp=$(ctr_show sm70d MainPID)
+	# The sandbox as the running daemon has it.
+	check "the daemon runs as $s_user with no capabilities and no_new_privs" \
+		sh -c "'$CTR' run '$CDIR' cat /proc/$mp/status |
+		       awk '/^Uid:/ { u = \$2 } /^CapEff:/ { c = \$2 } /^CapBnd:/ { b = \$2 }
+		            /^NoNewPrivs:/ { n = \$2 }
+		            END { exit !(u == $(id -u "$s_user") && c == 0 && b == 0 && n == 1) }'"
+	ro_ok=1 ro_report=""
+	for m in / /usr /etc /var /run /run/sm70; do
+		o=$(ctr_mount_opts "$mp" $m)
+		case $o in ro*) ;; *) ro_ok=0 ;; esac
+		ro_report="$ro_report $m:${o%%,*}"
+	done
+	for m in /run/sm70d /var/lib/sm70; do
+		o=$(ctr_mount_opts "$mp" $m)
+		case $o in rw*) ;; *) ro_ok=0 ;; esac
+		ro_report="$ro_report $m:${o%%,*}"
+	done
+	o=$(ctr_mount_opts "$mp" /var/lib/sm70/model)
+	case $o in ro*) ;; *) ro_ok=0 ;; esac
+	ro_report="$ro_report /var/lib/sm70/model:${o%%,*}"
+	if [ $ro_ok = 1 ]; then
+		pass "its mounts: read-only system, /run read-only, writable runtime and state directories ($ro_report )"
+	else
+		fail "the daemon's mounts are not what ProtectSystem=strict + the unit promise:$ro_report"
+	fi
+	check "its /tmp is private (PrivateTmp=)" \
+		sh -c "'$CTR' run '$CDIR' cat /proc/$mp/mountinfo | awk '\$5 == \"/tmp\" { print \$4 }' |
+		       grep -q systemd-private"
+	# What failed before: as sm70 in the daemon's mount namespace, /run/sm70 (the socket
+	# unit's) is read-only and /run/sm70d (the service's) is writable.
+	ctr nsenter -t "$mp" -m -- setpriv --reuid="$s_user" --regid="$s_user" --init-groups -- \
+		touch /run/sm70/probe >"$T/probe" 2>&1
+	if grep -q 'Read-only file system' "$T/probe" &&
+		ctr nsenter -t "$mp" -m -- setpriv --reuid="$s_user" --regid="$s_user" --init-groups -- \
+			sh -c 'touch /run/sm70d/probe && rm /run/sm70d/probe' >>"$T/probe" 2>&1; then
+		pass "inside the sandbox $s_user cannot write /run/sm70 (read-only) and can write /run/sm70d"
+	else
+		fail "write probe in the daemon's mount namespace"; sed 's/^/      | /' "$T/probe"
+	fi
+	check "the admin socket is /run/sm70d/admin.sock (RuntimeDirectory) and sm70ctl finds it" \
+		sh -c "'$CTR' run '$CDIR' test -S /run/sm70d/admin.sock &&
+		       '$CTR' run '$CDIR' /usr/sbin/sm70ctl health ready"
+	check "sm70ctl status under systemd names the model" \
+		sh -c "'$CTR' run '$CDIR' /usr/sbin/sm70ctl --json status | grep -q '\"model\"'"
+	ctr setpriv --reuid=sm70-check-out --regid=nogroup --init-groups -- \
+		/usr/bin/sm70-generate --prompt-ids "$prompt" -n 4 >"$T/out2" 2>&1
+	if [ $? -ne 0 ] && grep -q 'Permission denied' "$T/out2"; then
+		pass "a user outside $s_group is refused (Permission denied)"
+	else
+		fail "a user outside $s_group was not refused"; sed 's/^/      | /' "$T/out2"
+	fi
+	# A stop drains and exits 0; the runtime directory goes, the socket stays and the next
+	# client starts the daemon again.
+	ctr systemctl stop sm70d.service 2>/dev/null # (it warns that the socket can start it)
+	st="$(ctr_show sm70d ExecMainStatus) $(ctr_show sm70d Result)"
+	st="$st $(ctr test -e /run/sm70d && echo run-dir-left) $(ctr systemctl is-active sm70d.socket)"
+	if [ "$st" = "0 success  active" ]; then
+		pass "systemctl stop: sm70d exited 0 (drained), /run/sm70d is gone, sm70d.socket still listens"
+	else
+		fail "after systemctl stop: exit status, result, leftovers, socket: $st"
+	fi
+	check "sm70ctl says not running (exit 3) while the service is stopped" \
+		sh -c "'$CTR' run '$CDIR' /usr/sbin/sm70ctl status; [ \$? -eq 3 ]"
+	ctr setpriv --reuid=sm70-check-in --regid=nogroup --init-groups -- \
+		/usr/bin/sm70-generate --prompt-ids "$prompt" -n 4 >"$T/in" 2>&1
+	irc=$?
+	if [ $irc -eq 0 ] && [ "$(tr -s ' \n' ',,' <"$T/in" | cut -d, -f1-4)" = "$first4" ]; then
+		pass "the next connection starts it again and is served"
+	else
+		fail "a connection after the stop (rc $irc)"; sed 's/^/      | /' "$T/in"
+	fi
+	ctr journalctl --no-pager -u sm70d >"$T/journal" 2>&1
+	"$CTR" stop "$CDIR"
 else
-	fail "socket activation: a member of $s_group got rc $irc"
-	cat "$T/in" "$T/daemon2.log" | sed 's/^/      | /'
+	systemd_ran=0
+	echo "SKIP  systemd as PID 1 of a container: $(tail -n 1 "$T/boot.out")"
+	echo "      falling back to systemd-socket-activate (socket passing only, no sandbox)"
+	"$CTR" stop "$CDIR" 2>/dev/null
+	rm -f "$s_path"
+	# shellcheck disable=SC2086
+	systemd-socket-activate --seqpacket -l "$s_path" \
+		setpriv --reuid=sm70 --regid=sm70 --init-groups -- $cmd >"$T/daemon2.log" 2>&1 &
+	daemon_pid=$!
+	i=0
+	while [ ! -S "$s_path" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+	chown "$s_user:$s_group" "$s_path" && chmod "$s_mode" "$s_path"
+	as_user sm70-check-in /usr/bin/sm70-generate --prompt-ids "$prompt" -n 4 >"$T/in" 2>&1
+	irc=$?
+	if [ $irc -eq 0 ] && [ "$(tr -s ' \n' ',,' <"$T/in" | cut -d, -f1-4)" = "$first4" ]
+	then
+		pass "socket-activated sm70d serves a member of $s_group ($s_path $s_user:$s_group $s_mode)"
+	else
+		fail "socket activation: a member of $s_group got rc $irc"
+		cat "$T/in" "$T/daemon2.log" | sed 's/^/      | /'
+	fi
+	as_user sm70-check-out /usr/bin/sm70-generate --prompt-ids "$prompt" -n 4 >"$T/out2" 2>&1
+	if [ $? -ne 0 ] && grep -q 'Permission denied' "$T/out2"; then
+		pass "a user outside $s_group is refused (Permission denied)"
+	else
+		fail "a user outside $s_group was not refused"; sed 's/^/      | /' "$T/out2"
+	fi
+	check "sm70d used the socket it was passed" grep -q 'passed by systemd' "$T/daemon2.log"
+	stop_daemon
+	[ "${daemon_rc:-1}" -eq 0 ] || fail "socket-activated sm70d exit status ${daemon_rc:-?} after SIGTERM"
 fi
-as_user sm70-check-out /usr/bin/sm70-generate --prompt-ids "$prompt" -n 4 >"$T/out2" 2>&1
-if [ $? -ne 0 ] && grep -q 'Permission denied' "$T/out2"; then
-	pass "a user outside $s_group is refused (Permission denied)"
-else
-	fail "a user outside $s_group was not refused"; sed 's/^/      | /' "$T/out2"
-fi
-check "sm70d used the socket it was passed" grep -q 'passed by systemd' "$T/daemon2.log"
-stop_daemon
-[ "${daemon_rc:-1}" -eq 0 ] || fail "socket-activated sm70d exit status ${daemon_rc:-?} after SIGTERM"
 
 # ---- purge -------------------------------------------------------------------------------
 dpkg-query -L $PKGS 2>/dev/null | sort -u >"$T/files"
@@ -289,7 +423,7 @@ while read -r f; do
 	[ -e "$f" ] || [ -L "$f" ] && left="$left $f"
 done <"$T/files"
 for d in /etc/sm70d /usr/include/sm70 /usr/share/doc/sm70d /usr/share/doc/libsm70client0 \
-	/usr/share/doc/libsm70client-dev /run/sm70; do
+	/usr/share/doc/libsm70client-dev /run/sm70 /run/sm70d; do
 	[ -e "$d" ] && left="$left $d"
 done
 left="$left $(ls /etc/systemd/system/*/sm70d.* /etc/systemd/system/sm70d.* 2>/dev/null)"
@@ -309,5 +443,10 @@ fi
 rm -rf /var/lib/sm70
 id sm70 >/dev/null 2>&1 && echo "      (the system user sm70 and the groups sm70, sm70-clients remain, by policy)"
 
-echo "== deb-check: $failures failed"
+if [ "${systemd_ran:-0}" = 1 ]; then
+	how="the units ran under systemd in a container"
+else
+	how="no systemd could be booted here: socket activation emulated, sandbox not checked"
+fi
+echo "== deb-check: $failures failed ($how)"
 [ $failures -eq 0 ]
