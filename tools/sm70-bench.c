@@ -1,7 +1,7 @@
 /*
  * sm70-bench - the benchmark driver.
  *
- *   sm70-bench bw|gemv|attention|prefill|all [--iters N] [--device N]
+ *   sm70-bench bw|gemv|attention|prefill|gdn|all [--iters N] [--device N]
  *   sm70-bench decode -m MODEL_DIR ...      end-to-end decode (tools/bench/decode.c)
  *   sm70-bench ipc ...                      the transport alone (tools/bench/ipc.c)
  *
@@ -10,7 +10,11 @@
  * run), and the attention op on GQA-6 head_dim-256 shapes at 1K and 16K context, f16 and
  * FP8 KV; `prefill` times the attention op on one prompt chunk (512 or 2048 tokens at
  * contexts up to 8K) on the prefill path and, in the same run, on the decode kernels
- * alone, in FLOP/s (prefill is compute-bound) and time per token.
+ * alone, in FLOP/s (prefill is compute-bound) and time per token. `gdn` times the Gated
+ * DeltaNet recurrence (the gdn op) on Qwen3.5-27B's layer shape: the decode update at B1,
+ * B8 and B16 against the bandwidth of its state traffic, and one 8K-token prompt in the
+ * chunked form against the recurrence and against 8K one-token decode calls (not part of
+ * `all`).
  *
  * Every row prints the median time of one op, the bytes it must read over that time, and
  * that as a fraction of the read bandwidth (a plain read kernel) and of the D2D copy
@@ -34,7 +38,7 @@ struct ref_bw {
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: sm70-bench bw|gemv|attention|prefill|all [--iters N] [--device N]\n"
+	fprintf(f, "usage: sm70-bench bw|gemv|attention|prefill|gdn|all [--iters N] [--device N]\n"
 		   "       sm70-bench decode -m MODEL_DIR [options]   (decode --help)\n"
 		   "       sm70-bench ipc [options]                   (ipc --help)\n"
 		   "       sm70-bench allreduce [--gpus N] [--json]   (allreduce --help)\n");
@@ -191,6 +195,63 @@ static int run_prefill(int iters)
 	return 0;
 }
 
+/* Qwen3.5-27B's GDN layer: 16 key heads, 48 value heads, 128 x 128 */
+#define GDN_NK 16
+#define GDN_NV 48
+#define GDN_D 128
+#define GDN_PROMPT 8192
+
+static int run_gdn(int iters, const struct ref_bw *bw)
+{
+	static const int batches[] = { 1, 8, 16 }, cols[] = { 0, 16, 32 };
+	const int piters = iters < 10 ? iters : 10;
+	struct sm70__bench_gdn_prefill p;
+	int ret;
+
+	printf("\n== GDN decode update (gdn op): %d key / %d value heads, %d x %d f32 state a "
+	       "head (Qwen3.5-27B layer), median of %d\n", GDN_NK, GDN_NV, GDN_D, GDN_D, iters);
+	printf("bytes: the state read + written (%.1f MiB a sequence each way); us: the launches "
+	       "replayed from a CUDA graph; eager: queued one by one; 16/32-col: the kernel's "
+	       "column band forced (the op's own choice otherwise)\n",
+	       GDN_NV * GDN_D * GDN_D * 4.0 / 1048576.0);
+	header("eager us  eager %read");
+	for (size_t bi = 0; bi < sizeof(batches) / sizeof(batches[0]); bi++) {
+		for (size_t ci = 0; ci < sizeof(cols) / sizeof(cols[0]); ci++) {
+			struct sm70__bench_gdn_decode r;
+			char name[64], extra[64];
+
+			ret = sm70__bench_gdn_decode(GDN_NK, GDN_NV, GDN_D, GDN_D, batches[bi],
+						     cols[ci], iters, &r);
+			if (ret) {
+				fprintf(stderr, "sm70-bench: gdn decode: error %d\n", ret);
+				return ret;
+			}
+			snprintf(name, sizeof(name), "gdn decode B%d%s", batches[bi],
+				 cols[ci] == 16 ? " 16-col" : cols[ci] == 32 ? " 32-col" : "");
+			snprintf(extra, sizeof(extra), "%8.2f %11.1f%%", r.us_eager,
+				 100.0 * r.bytes / r.us_eager * 1e-3 / bw->read);
+			row(name, r.us, r.bytes, bw, extra);
+		}
+	}
+	ret = sm70__bench_gdn_prefill(GDN_NK, GDN_NV, GDN_D, GDN_D, GDN_PROMPT, piters, &p);
+	if (ret) {
+		fprintf(stderr, "sm70-bench: gdn prefill: error %d\n", ret);
+		return ret;
+	}
+	printf("\n== GDN prefill: one %d-token chunk through the gdn op (27B layer, one "
+	       "sequence, from a state at position 1000), median of %d\n", GDN_PROMPT, piters);
+	printf("%-44s %10s %9s %9s\n", "case", "us", "us/tok", "vs chunk");
+	printf("%-44s %10.1f %9.3f %8.2fx\n", "chunked form (chunk 64, one launch)",
+	       p.us_chunked, p.us_chunked / GDN_PROMPT, 1.0);
+	printf("%-44s %10.1f %9.3f %8.2fx\n", "recurrence (chunked = 0, one launch)",
+	       p.us_recurrent, p.us_recurrent / GDN_PROMPT, p.us_recurrent / p.us_chunked);
+	printf("%-44s %10.1f %9.3f %8.2fx\n", "decode update token by token (graph)",
+	       p.us_tokens, p.us_tokens / GDN_PROMPT, p.us_tokens / p.us_chunked);
+	printf("chunked vs recurrence: max rel difference %.2e over out and the final state\n",
+	       p.max_rel);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *what = NULL;
@@ -214,7 +275,7 @@ int main(int argc, char **argv)
 			return 0;
 		} else if (!what && (!strcmp(argv[i], "bw") || !strcmp(argv[i], "gemv") ||
 				     !strcmp(argv[i], "attention") || !strcmp(argv[i], "prefill") ||
-				     !strcmp(argv[i], "all"))) {
+				     !strcmp(argv[i], "gdn") || !strcmp(argv[i], "all"))) {
 			what = argv[i];
 		} else {
 			usage(stderr);
@@ -246,6 +307,8 @@ int main(int argc, char **argv)
 		ret = run_attention(iters, &bw);
 	if (!ret && (!strcmp(what, "prefill") || !strcmp(what, "all")))
 		ret = run_prefill(iters);
+	if (!ret && !strcmp(what, "gdn"))
+		ret = run_gdn(iters, &bw);
 	sm70__bench_close();
 	return ret ? 1 : 0;
 }

@@ -93,6 +93,11 @@ extern "C" void sm70__bench_close(void)
 	memset(&bench, 0, sizeof(bench));
 }
 
+extern "C" struct sm70_backend *sm70__bench_backend(void)
+{
+	return bench.be;
+}
+
 /* ---- inputs ------------------------------------------------------------------------ */
 
 static __device__ __forceinline__ uint32_t hash32(uint64_t x)

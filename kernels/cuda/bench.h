@@ -1,7 +1,8 @@
 /*
  * bench.h - device-side helpers of the sm70-bench tool: a read-bandwidth kernel, timed
  * runs of the CUDA backend's matmul and attention ops on decode shapes (and attention on a
- * prefill chunk), and cuBLAS as the GEMV baseline.
+ * prefill chunk), cuBLAS as the GEMV baseline, and the GDN recurrence (gdn op) on decode
+ * and prefill shapes (kernels/cuda/bench_gdn.cu).
  *
  * A plain C header (tools are compiled by gcc without SM70_HAVE_CUDA): CUDA builds get the
  * implementation in kernels/cuda/bench.cu, CPU-only builds the versions in
@@ -27,6 +28,12 @@ int sm70__bench_open(int device, char *desc, size_t desc_len, char *msg, size_t 
 
 /* Releases what sm70__bench_open and the helpers allocated. Safe to call twice. */
 void sm70__bench_close(void);
+
+struct sm70_backend;
+
+/* The backend sm70__bench_open made (NULL before it or after close), for the sections in
+ * other files (bench_gdn.cu). */
+struct sm70_backend *sm70__bench_backend(void);
 
 /* Read bandwidth (a kernel that reads `bytes` once, 16 bytes a thread) and device-to-device
  * copy bandwidth (cudaMemcpyAsync of bytes/2, counting bytes read plus written), both in
@@ -65,5 +72,31 @@ struct sm70__bench_prefill {
  * -errno. */
 int sm70__bench_prefill(int n_heads, int n_kv, int D, int fp8, int chunk, int ctx,
 			int iters, struct sm70__bench_prefill *out);
+
+struct sm70__bench_gdn_decode {
+	double us;        /* the gdn op on `batch` decode tokens, replayed from a CUDA graph */
+	double us_eager;  /* the same launches queued one by one from the host */
+	double bytes;     /* recurrent state bytes read + written (f32, every slot once) */
+};
+
+/* One GDN layer's decode update (the gdn op) for `batch` sequences in separate state slots,
+ * n_k_heads / n_v_heads heads of k_dim / v_dim, every token mid-sequence (the state is
+ * read and written). State copies rotate so that no launch finds its state in L2. cols:
+ * 0 for the op's own choice of value columns per block, 16 or 32 to force one.
+ * Returns 0 or -errno. */
+int sm70__bench_gdn_decode(int n_k_heads, int n_v_heads, int k_dim, int v_dim, int batch,
+			   int cols, int iters, struct sm70__bench_gdn_decode *out);
+
+struct sm70__bench_gdn_prefill {
+	double us_chunked;   /* one gdn call over one chunk of `tokens` tokens, chunked form */
+	double us_recurrent; /* the same call with chunked = 0: the recurrence in one launch */
+	double us_tokens;    /* `tokens` one-token decode calls in order, replayed from a graph */
+	double max_rel;      /* chunked vs recurrent, max |diff| / max |ref| over out and state */
+};
+
+/* A `tokens`-token prompt through the gdn op of one layer, from a state left by earlier
+ * tokens (positions 1000..), shapes as sm70__bench_gdn_decode. Returns 0 or -errno. */
+int sm70__bench_gdn_prefill(int n_k_heads, int n_v_heads, int k_dim, int v_dim, int tokens,
+			    int iters, struct sm70__bench_gdn_prefill *out);
 
 #endif

@@ -53,6 +53,21 @@ void sm70__cuda_qk_norm_rope_kv(struct sm70_backend *be, void *qkv, int ld, int 
 				const struct sm70_kv_layout *lay, const int32_t *slots);
 void sm70__cuda_silu_matmul(struct sm70_backend *be, void *y, const void *gate_up,
 			    const struct sm70_weight *w, int n);
+void sm70__cuda_conv1d_silu(struct sm70_backend *be, void *out, const void *x, int ld,
+			    const float *w, const struct sm70_state_layer *st,
+			    const struct sm70_state_layout *lay, const struct sm70_batch *b);
+void sm70__cuda_gdn(struct sm70_backend *be, void *out, const void *qkv, const void *ba,
+		    int ba_ld, const float *a_log, const float *dt_bias,
+		    const struct sm70_state_layer *st, const struct sm70_state_layout *lay,
+		    const struct sm70_batch *b, int chunked);
+/* Benchmark hook (sm70-bench gdn): value columns per block of the gdn recurrence kernel,
+ * 16 or 32, or 0 (the default) for the launcher's own choice. Process-wide, not
+ * thread-safe; the engine never calls it. */
+void sm70__cuda_gdn_tune(int cols);
+void sm70__cuda_gated_rmsnorm(struct sm70_backend *be, void *x, const void *z, int z_ld,
+			      const float *w, int n, int n_heads, int dim, float eps);
+void sm70__cuda_sigmoid_mul(struct sm70_backend *be, void *x, const void *gate, int ld, int n,
+			    int dim);
 /* Benchmark helper (tests/gpu): median microseconds of `iters` sample calls, timed with
  * CUDA events on the backend's stream. Returns 0 or -errno. */
 int sm70__cuda_sample_time(struct sm70_backend *be, struct sm70_sample_result *out,
