@@ -7,8 +7,11 @@
  * compiler barrier so that no later read can go back to the shared copy) and only the
  * copies are checked and used. Indices the client writes (sq_tail, eq_head) are read once
  * per use and checked against the ring size; a value that breaks the ring rules ends the
- * session, never the daemon. Nothing here blocks: sockets and eventfds are non-blocking and
- * a full event ring holds events back instead of waiting.
+ * session, never the daemon. Nothing here blocks: the sockets are the daemon's own
+ * non-blocking descriptions; the eventfds are shared with the client, who can clear their
+ * O_NONBLOCK and set their counters, so the doorbell is read with RWF_NOWAIT and the event
+ * fd is only written through the loop's waker (io_uring); a full event ring holds events
+ * back instead of waiting.
  */
 #include "daemon/session.h"
 #include "daemon/unix_socket.h"
@@ -24,6 +27,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -273,6 +277,9 @@ static int welcome(struct sm70__daemon *d, struct sm70__session *s,
 		ret = -errno;
 		goto fail;
 	}
+	ret = sm70__loop_waker_create(d->loop, s->event_fd, &s->event_waker);
+	if (ret)
+		goto fail;
 
 	memset(&w, 0, sizeof(w));
 	w.size = sizeof(w);
@@ -477,13 +484,18 @@ static void on_sock(void *arg, int fd, uint32_t revents)
 
 static void on_doorbell(void *arg, int fd, uint32_t revents)
 {
+	struct sm70__session *s = arg;
 	uint64_t v;
+	struct iovec iov = { .iov_base = &v, .iov_len = sizeof(v) };
 
-	(void)arg;
+	(void)revents;
 	/* Reset the counter; the rings themselves are checked by sm70__sessions_poll right
-	 * after the loop returns. */
-	if (read(fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-		sm70__debug("doorbell read: %s", strerror(errno));
+	 * after the loop returns. Not read(2): the client shares this file's flags and may have
+	 * cleared O_NONBLOCK, then taken the count itself between the poll and this read.
+	 * RWF_NOWAIT makes the read fail with EAGAIN instead, whatever the flags say (eventfd
+	 * has read_iter and FMODE_NOWAIT since Linux 5.8; Debian 12 has 6.1). */
+	if (preadv2(fd, &iov, 1, -1, RWF_NOWAIT) < 0 && errno != EAGAIN)
+		sm70__debug("session %u: doorbell read: %s", s->id, strerror(errno));
 }
 
 /* ---- the event ring --------------------------------------------------------------- */
@@ -728,16 +740,16 @@ void sm70__sessions_poll(struct sm70__daemon *d)
 void sm70__sessions_publish(struct sm70__daemon *d)
 {
 	for (struct sm70__session *s = d->sessions; s; s = s->next) {
-		uint64_t one = 1;
-
 		if (s->state != SM70__SESSION_ACTIVE || s->eq_tail == s->eq_published)
 			continue;
 		sm70_ring_store_release(&s->hdr->eq_tail, s->eq_tail);
 		s->eq_published = s->eq_tail;
-		if (sm70_proto_wake_needed(&s->hdr->client_sleeping) &&
-		    write(s->event_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-			sm70__debug("session %u: event fd write: %s", s->id, strerror(errno));
+		/* Never write(2) here: the client shares the event fd's flags and counter and
+		 * can make a write wait forever; the waker writes through io_uring. */
+		if (sm70_proto_wake_needed(&s->hdr->client_sleeping))
+			sm70__loop_wake(d->loop, s->event_waker);
 	}
+	sm70__loop_flush(d->loop); /* one submission for every wake of this iteration */
 }
 
 int sm70__sessions_sleep_begin(struct sm70__daemon *d)
@@ -810,6 +822,10 @@ void sm70__session_close(struct sm70__daemon *d, struct sm70__session *s, const 
 	sm70__loop_unwatch(d->loop, s->sock_watch);
 	sm70__loop_unwatch(d->loop, s->doorbell_watch);
 	s->sock_watch = s->doorbell_watch = NULL;
+	/* Before the event fd is closed: a wake still waiting in the kernel (the client never
+	 * read its counter) is cancelled there. */
+	sm70__loop_waker_destroy(d->loop, s->event_waker);
+	s->event_waker = NULL;
 	close(s->sock);
 	s->sock = -1;
 	if (s->doorbell_fd >= 0)

@@ -42,7 +42,8 @@ struct sm70__session {
 	struct sm70__watch *sock_watch;
 	int doorbell_fd; /* the client writes it */
 	struct sm70__watch *doorbell_watch;
-	int event_fd; /* the daemon writes it */
+	int event_fd; /* the daemon writes it, only through event_waker (never write(2)) */
+	struct sm70__waker *event_waker;
 	uid_t uid;
 	gid_t gid;
 	pid_t pid;

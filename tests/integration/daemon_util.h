@@ -13,11 +13,15 @@
  *   int status = sm70t_daemon_stop(&t, SIGTERM, 5000);  // exit status, or -1
  *   sm70t_daemon_cleanup(&t);
  *
+ * sm70t_daemon_start_hook runs a function in the child before exec (an rlimit, an
+ * environment variable); sm70t_count_fds counts a process's open descriptors.
+ *
  * Non-goals: systemd socket activation, GPU backends, several daemons sharing a dir.
  */
 #ifndef SM70_TESTS_DAEMON_UTIL_H
 #define SM70_TESTS_DAEMON_UTIL_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -93,14 +97,20 @@ static inline int sm70t_log_contains(const struct sm70t_daemon *t, const char *n
 	return found;
 }
 
+/* Runs in the forked child just before exec, after the environment was cleaned: set an
+ * rlimit, an environment variable. */
+typedef void (*sm70t_child_hook)(void *arg);
+
 /*
  * Starts sm70d on model (NULL: the default fixture) with config_json (NULL: none) written
  * to the temp dir, and waits up to 20 s until its socket accepts connections. Extra
- * arguments may follow in extra (NULL-terminated list, may be NULL). Returns 0, or -errno
- * (the daemon's log is printed if it died).
+ * arguments may follow in extra (NULL-terminated list, may be NULL); hook (may be NULL)
+ * runs in the child before exec. Returns 0, or -errno (the daemon's log is printed if it
+ * died).
  */
-static inline int sm70t_daemon_start_model(struct sm70t_daemon *t, const char *model,
-					   const char *config_json, const char *const *extra)
+static inline int sm70t_daemon_start_hook(struct sm70t_daemon *t, const char *model,
+					  const char *config_json, const char *const *extra,
+					  sm70t_child_hook hook, void *hook_arg)
 {
 	const char *build = getenv("SM70_BUILD");
 	char bin[256];
@@ -157,6 +167,8 @@ static inline int sm70t_daemon_start_model(struct sm70t_daemon *t, const char *m
 		unsetenv("LISTEN_FDS");
 		unsetenv("LISTEN_PID");
 		unsetenv("WATCHDOG_USEC");
+		if (hook)
+			hook(hook_arg);
 		execv(bin, (char *const *)argv);
 		_exit(127);
 	}
@@ -180,10 +192,34 @@ static inline int sm70t_daemon_start_model(struct sm70t_daemon *t, const char *m
 	return -ETIMEDOUT;
 }
 
+static inline int sm70t_daemon_start_model(struct sm70t_daemon *t, const char *model,
+					   const char *config_json, const char *const *extra)
+{
+	return sm70t_daemon_start_hook(t, model, config_json, extra, NULL, NULL);
+}
+
 static inline int sm70t_daemon_start(struct sm70t_daemon *t, const char *config_json,
 				     const char *const *extra)
 {
 	return sm70t_daemon_start_model(t, NULL, config_json, extra);
+}
+
+/* The number of open descriptors of process pid (entries of /proc/PID/fd), or -errno. */
+static inline int sm70t_count_fds(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	DIR *dp;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	dp = opendir(path);
+	if (!dp)
+		return -errno;
+	while ((e = readdir(dp)))
+		n += e->d_name[0] != '.';
+	closedir(dp);
+	return n;
 }
 
 /* Waits up to timeout_ms for the daemon to exit. Returns its exit status (0..255),
