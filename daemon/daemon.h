@@ -51,7 +51,8 @@ struct sm70__daemon {
 	uint64_t steps_ok;  /* completed steps, for the watchdog */
 
 	/* lifecycle; owned by main.c */
-	uint64_t now_us;	   /* CLOCK_MONOTONIC, refreshed once per loop iteration */
+	uint64_t now_us;	   /* CLOCK_MONOTONIC: set by the loop after every wait, and
+				    * after every engine step */
 	int draining;		   /* SIGTERM seen: no new jobs or sessions */
 	uint64_t drain_deadline_us; /* then cancel what still runs */
 	int drain_killed;

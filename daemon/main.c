@@ -446,6 +446,18 @@ static void watchdog_tick(struct sm70__daemon *d, struct watchdog *w)
 	w->steps_at_last = d->steps_ok;
 }
 
+/* How long the loop may wait before the next ping is due: until last + interval, so that
+ * pings stay an interval apart however the waits fall (a wait of a whole interval from
+ * just before a ping was due would stretch the gap towards twice it, the full
+ * WATCHDOG_USEC). A ping that is due but withheld (failing steps) waits another interval
+ * rather than spinning. */
+static int64_t watchdog_timer(const struct sm70__daemon *d, const struct watchdog *w)
+{
+	uint64_t due = w->last_us + w->interval_us;
+
+	return due > d->now_us ? (int64_t)(due - d->now_us) : (int64_t)w->interval_us;
+}
+
 static void status_tick(struct sm70__daemon *d, uint64_t *last_us, uint64_t *last_key)
 {
 	uint64_t key = ((uint64_t)d->n_sessions << 32) | d->n_jobs;
@@ -466,6 +478,10 @@ static int run(struct sm70__daemon *d, struct watchdog *wd)
 	for (;;) {
 		int64_t timeout = 0;
 
+		/* Timers are computed from the time now; the loop sets d->now_us again after its
+		 * wait, before any callback stamps anything (accept, hello, signals), and it is
+		 * set again after the engine step: no timestamp comes from before a wait or a
+		 * step. */
 		d->now_us = sm70__now_us();
 		if (!sm70__sched_busy(d)) {
 			timeout = min_timer(sm70__sessions_next_timer(d),
@@ -476,17 +492,16 @@ static int run(struct sm70__daemon *d, struct watchdog *wd)
 			if (flush_deadline)
 				timeout = min_timer(timeout, 10000);
 			if (wd->interval_us)
-				timeout = min_timer(timeout, (int64_t)wd->interval_us);
+				timeout = min_timer(timeout, watchdog_timer(d, wd));
 			if (sm70__sessions_sleep_begin(d))
 				timeout = 0;
 		}
-		ret = sm70__loop_run(d->loop, timeout);
+		ret = sm70__loop_run(d->loop, timeout); /* sets d->now_us after the wait */
 		sm70__sessions_sleep_end(d);
 		if (ret < 0) {
 			sm70__err("io_uring wait failed: %s", strerror(-ret));
 			return ret;
 		}
-		d->now_us = sm70__now_us();
 		sm70__sessions_poll(d);
 		sm70__sched_tick(d);
 		if (d->draining && !d->drain_killed && d->now_us >= d->drain_deadline_us &&
@@ -497,6 +512,7 @@ static int run(struct sm70__daemon *d, struct watchdog *wd)
 		}
 		sm70__sched_feed(d);
 		sm70__sched_step(d);
+		d->now_us = sm70__now_us(); /* a step may take long (prefill, a first CUDA call) */
 		sm70__metrics_tick(&d->metrics, d->now_us);
 		sm70__sessions_publish(d);
 		sm70__sessions_reap(d);
@@ -616,6 +632,7 @@ int main(int argc, char **argv)
 		sm70__err("io_uring setup failed: %s", strerror(-ret));
 		goto out_engine;
 	}
+	sm70__loop_set_clock(d.loop, &d.now_us);
 	sc.fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
 	if (sc.fd < 0 || sm70__loop_watch(d.loop, sc.fd, POLLIN, on_signal, &sc, &sig_watch)) {
 		sm70__err("signalfd: %s", strerror(errno));

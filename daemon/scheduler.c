@@ -435,6 +435,8 @@ static void on_event(void *ctx, const struct sm70_event *ev)
 	uint16_t reason;
 	int32_t error = 0;
 
+	d->now_us = now; /* what posting stamps (a ring that fills starts its stall timer) */
+
 	if (ev->cached_tokens > 0 && (uint32_t)ev->cached_tokens > j->cached_tokens)
 		j->cached_tokens = (uint32_t)ev->cached_tokens;
 	if (ev->sample.token >= 0)
