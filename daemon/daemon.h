@@ -35,6 +35,14 @@ struct sm70__daemon {
 	int listen_fd;
 	int listen_unlink; /* we bound it (not socket activation): unlink at exit */
 	struct sm70__watch *listen_watch;
+	/* descriptors kept for the next admission, and accepting paused while they cannot
+	 * be had (EMFILE/ENFILE); owned by session.c (docs/DAEMON.md, "Sessions") */
+	int fd_template;  /* an eventfd nothing uses: spares are dups of it */
+	int fd_spare[4];
+	int n_fd_spare;
+	int accept_paused;
+	int fds_released; /* a session closed its descriptors since the pause */
+	uint64_t accept_retry_us;
 
 	/* sessions, newest first; owned by session.c */
 	struct sm70__session *sessions;
@@ -57,6 +65,11 @@ struct sm70__daemon {
 	uint64_t drain_deadline_us; /* then cancel what still runs */
 	int drain_killed;
 	int fatal; /* an unrecoverable failure: exit non-zero */
+	/* The model load (main.c): a thread loads while the loop serves the sockets; clients
+	 * whose hello arrives meanwhile wait (SM70__SESSION_WAITING) for their welcome. */
+	int loading;
+	uint64_t load_start_us, load_end_us;
+	uint64_t load_done, load_total; /* bytes, refreshed by the loop from the loader */
 
 	/* observability: counters and histograms (metrics.c, updated by session.c and
 	 * scheduler.c), the admin socket and its connections (admin.c) */

@@ -12,6 +12,10 @@
  * O_NONBLOCK and set their counters, so the doorbell is read with RWF_NOWAIT and the event
  * fd is only written through the loop's waker (io_uring); a full event ring holds events
  * back instead of waiting.
+ *
+ * Descriptors: a connection is let in only while the daemon holds the four descriptors a
+ * session needs (SESSION_FDS); when it cannot get them, accepting pauses until some are
+ * released (docs/DAEMON.md, "Sessions").
  */
 #include "daemon/session.h"
 #include "daemon/unix_socket.h"
@@ -48,6 +52,13 @@
 #define ARENA_MIN 1024u
 #define ARENA_MAX (1u << 24)
 
+/* Descriptors one session holds at its peak: the socket, then during the welcome the memfd
+ * and the two eventfds (the memfd is closed once sent). */
+#define SESSION_FDS 4
+/* While accepting is paused for lack of descriptors: how often to try again even if no
+ * session released any (another part of the daemon, or another process, may have). */
+#define ACCEPT_RETRY_MS 100
+
 static void on_sock(void *arg, int fd, uint32_t revents);
 static void on_doorbell(void *arg, int fd, uint32_t revents);
 
@@ -59,6 +70,9 @@ int sm70__listener_open(struct sm70__daemon *d, struct sm70_err *err)
 {
 	int n, i, fd = -1, ret;
 
+	d->fd_template = -1;
+	d->n_fd_spare = 0;
+	d->accept_paused = 0;
 	n = sd_listen_fds(1);
 	if (n < 0)
 		return sm70_errf(err, n, "sd_listen_fds: %s", strerror(-n));
@@ -90,6 +104,13 @@ int sm70__listener_open(struct sm70__daemon *d, struct sm70_err *err)
 		sm70__info("listening on %s (mode %04o)", d->cfg.socket_path, d->cfg.socket_mode);
 	}
 	d->listen_fd = fd;
+	d->fd_template = eventfd(0, EFD_CLOEXEC);
+	if (d->fd_template < 0) {
+		ret = -errno;
+		sm70__listener_close(d);
+		return sm70_errf(err, ret, "eventfd for the descriptor reserve: %s",
+				 strerror(-ret));
+	}
 	ret = sm70__loop_watch(d->loop, fd, POLLIN, on_listen, d, &d->listen_watch);
 	if (ret) {
 		sm70__listener_close(d);
@@ -103,6 +124,11 @@ void sm70__listener_close(struct sm70__daemon *d)
 {
 	if (d->listen_fd < 0)
 		return;
+	while (d->n_fd_spare)
+		close(d->fd_spare[--d->n_fd_spare]);
+	if (d->fd_template >= 0)
+		close(d->fd_template);
+	d->fd_template = -1;
 	sm70__loop_unwatch(d->loop, d->listen_watch);
 	d->listen_watch = NULL;
 	close(d->listen_fd);
@@ -112,49 +138,161 @@ void sm70__listener_close(struct sm70__daemon *d)
 	d->listen_unlink = 0;
 }
 
+/* Tops the reserve up to SESSION_FDS spare descriptors. Returns 0, or -errno (EMFILE,
+ * ENFILE) with what it could get kept. */
+static int spares_fill(struct sm70__daemon *d)
+{
+	while (d->n_fd_spare < SESSION_FDS) {
+		int fd = fcntl(d->fd_template, F_DUPFD_CLOEXEC, 0);
+
+		if (fd < 0)
+			return -errno;
+		d->fd_spare[d->n_fd_spare++] = fd;
+	}
+	return 0;
+}
+
+/* Gives a session's spares back to the kernel: just before the welcome creates the
+ * descriptors they were kept for, or when the session ends before it. */
+static void session_spares_release(struct sm70__session *s)
+{
+	while (s->n_spare)
+		close(s->spare_fds[--s->n_spare]);
+}
+
+static void accept_pause(struct sm70__daemon *d, int err)
+{
+	if (!d->accept_paused)
+		sm70__warn("accept: %s: new connections wait in the backlog until descriptors are "
+			   "released (retrying every %d ms)", strerror(err), ACCEPT_RETRY_MS);
+	d->accept_paused = 1;
+	d->fds_released = 0;
+	d->accept_retry_us = d->now_us + (uint64_t)ACCEPT_RETRY_MS * 1000;
+}
+
+/* Fills a REFUSAL record (PROTOCOL.md section 4.3) and sends it without waiting. */
+static void refusal_send(struct sm70__daemon *d, int fd, int code, const char *reason,
+			 struct sm70_proto_refusal *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->size = sizeof(*r);
+	r->magic = SM70_PROTO_MAGIC;
+	r->type = SM70_PROTO_MSG_REFUSAL;
+	r->version_major = SM70_PROTO_VERSION_MAJOR;
+	r->version_minor = SM70_PROTO_VERSION_MINOR;
+	r->result = code;
+	snprintf(r->reason, sizeof(r->reason), "%s", reason);
+	sm70__metrics_client_error(&d->metrics, code);
+	if (send(fd, r, sizeof(*r), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+		sm70__debug("cannot send a refusal: %s", strerror(errno));
+}
+
+/*
+ * Takes one connection off the listening socket. The peer's credentials are checked
+ * first, before anything is allocated for it: a uid the config does not let in gets its
+ * REFUSAL and is closed at once, so it cannot hold daemon descriptors for the hello window.
+ * Returns 1 (taken, refused or dropped: try the next), 0 (the backlog is empty, or accept
+ * failed in a way retrying now would not mend) or -errno (out of descriptors or memory:
+ * accepting pauses).
+ */
+static int accept_one(struct sm70__daemon *d, int lfd)
+{
+	struct sm70_proto_refusal r;
+	struct sm70__session *s;
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	char why[160];
+	int fd, ret;
+
+	ret = spares_fill(d);
+	if (ret)
+		return ret;
+	/* The socket takes the place of one spare, the session keeps the other three for
+	 * its welcome. */
+	close(d->fd_spare[--d->n_fd_spare]);
+	fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	if (fd < 0) {
+		ret = errno;
+		if (ret == EAGAIN)
+			return 0;
+		if (ret == EMFILE || ret == ENFILE || ret == ENOBUFS || ret == ENOMEM)
+			return -ret;
+		if (ret == EINTR || ret == ECONNABORTED || ret == EPROTO)
+			return 1; /* that connection is gone; the next one may be fine */
+		sm70__warn("accept: %s", strerror(ret));
+		return 0;
+	}
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len)) {
+		sm70__warn("dropping a connection: SO_PEERCRED: %s", strerror(errno));
+		close(fd);
+		return 1;
+	}
+	if (!sm70__peer_allowed(fd, cred.uid, cred.gid, d->cfg.allowed_uids,
+				 d->cfg.n_allowed_uids, d->cfg.allowed_gids, d->cfg.n_allowed_gids)) {
+		snprintf(why, sizeof(why), "uid %u (gid %u) may not use this sm70d: ask its "
+			 "administrator to add the uid to allowed_uids or a group to allowed_gids",
+			 (unsigned)cred.uid, (unsigned)cred.gid);
+		refusal_send(d, fd, SM70_PROTO_E_DENIED, why, &r);
+		sm70__notice("connection from pid %d uid %u: refused (%s): %s", (int)cred.pid,
+			     (unsigned)cred.uid, sm70_proto_strerror(SM70_PROTO_E_DENIED), why);
+		close(fd);
+		return 1;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		sm70__warn("dropping a connection: no memory");
+		close(fd);
+		return 1;
+	}
+	s->d = d;
+	s->id = ++d->next_session_id;
+	s->state = SM70__SESSION_HELLO;
+	s->sock = fd;
+	s->doorbell_fd = s->event_fd = -1;
+	s->uid = cred.uid;
+	s->gid = cred.gid;
+	s->pid = cred.pid;
+	s->t_accept_us = d->now_us;
+	while (s->n_spare < (int)(sizeof(s->spare_fds) / sizeof(s->spare_fds[0])) &&
+	       d->n_fd_spare)
+		s->spare_fds[s->n_spare++] = d->fd_spare[--d->n_fd_spare];
+	if (sm70__loop_watch(d->loop, fd, POLLIN | POLLRDHUP, on_sock, s, &s->sock_watch)) {
+		sm70__warn("dropping a connection: cannot watch it");
+		session_spares_release(s);
+		free(s);
+		close(fd);
+		return 1;
+	}
+	s->next = d->sessions;
+	d->sessions = s;
+	d->n_sessions++;
+	sm70__debug("session %u: connection from pid %d uid %u", s->id, (int)s->pid,
+		    (unsigned)s->uid);
+	return 1;
+}
+
+/* Accepts every queued connection it has descriptors for; pauses accepting when it runs
+ * out, resumes it (paused = 0) once the backlog is empty. */
+static void accept_all(struct sm70__daemon *d)
+{
+	int ret;
+
+	while ((ret = accept_one(d, d->listen_fd)) > 0)
+		;
+	if (ret < 0) {
+		accept_pause(d, -ret);
+		return;
+	}
+	if (d->accept_paused)
+		sm70__info("accepting again: the backlog is empty");
+	d->accept_paused = 0;
+}
+
 static void on_listen(void *arg, int lfd, uint32_t revents)
 {
-	struct sm70__daemon *d = arg;
-
-	for (;;) {
-		struct sm70__session *s;
-		struct ucred cred;
-		socklen_t len = sizeof(cred);
-		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-
-		if (fd < 0) {
-			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-				sm70__warn("accept: %s", strerror(errno));
-			return;
-		}
-		s = calloc(1, sizeof(*s));
-		if (!s || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len)) {
-			sm70__warn("dropping a connection: %s", s ? strerror(errno) : "no memory");
-			free(s);
-			close(fd);
-			continue;
-		}
-		s->d = d;
-		s->id = ++d->next_session_id;
-		s->state = SM70__SESSION_HELLO;
-		s->sock = fd;
-		s->doorbell_fd = s->event_fd = -1;
-		s->uid = cred.uid;
-		s->gid = cred.gid;
-		s->pid = cred.pid;
-		s->t_accept_us = d->now_us;
-		if (sm70__loop_watch(d->loop, fd, POLLIN | POLLRDHUP, on_sock, s, &s->sock_watch)) {
-			sm70__warn("dropping a connection: cannot watch it");
-			free(s);
-			close(fd);
-			continue;
-		}
-		s->next = d->sessions;
-		d->sessions = s;
-		d->n_sessions++;
-		sm70__debug("session %u: connection from pid %d uid %u", s->id, (int)s->pid,
-			    (unsigned)s->uid);
-	}
+	(void)lfd;
+	(void)revents;
+	accept_all(arg);
 }
 
 /* ---- the handshake ---------------------------------------------------------------- */
@@ -166,21 +304,13 @@ static void refuse(struct sm70__daemon *d, struct sm70__session *s, int code, co
 		   ...)
 {
 	struct sm70_proto_refusal r;
+	char why[sizeof(r.reason)];
 	va_list ap;
 
-	memset(&r, 0, sizeof(r));
-	r.size = sizeof(r);
-	r.magic = SM70_PROTO_MAGIC;
-	r.type = SM70_PROTO_MSG_REFUSAL;
-	r.version_major = SM70_PROTO_VERSION_MAJOR;
-	r.version_minor = SM70_PROTO_VERSION_MINOR;
-	r.result = code;
 	va_start(ap, fmt);
-	vsnprintf(r.reason, sizeof(r.reason), fmt, ap);
+	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
-	sm70__metrics_client_error(&d->metrics, code);
-	if (send(s->sock, &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
-		sm70__debug("session %u: cannot send the refusal: %s", s->id, strerror(errno));
+	refusal_send(d, s->sock, code, why, &r);
 	sm70__notice("session %u (pid %d uid %u): refused (%s): %s", s->id, (int)s->pid,
 		     (unsigned)s->uid, sm70_proto_strerror(code), r.reason);
 	sm70__session_close(d, s, "refused");
@@ -250,6 +380,7 @@ static int welcome(struct sm70__daemon *d, struct sm70__session *s,
 	hdr.limits = lim;
 
 	snprintf(memname, sizeof(memname), "sm70-session-%u", s->id);
+	session_spares_release(s); /* they were kept for the three descriptors made here */
 	memfd = memfd_create(memname, MFD_ALLOW_SEALING | MFD_CLOEXEC);
 	if (memfd < 0) {
 		ret = -errno;
@@ -348,8 +479,98 @@ static uint32_t n_active(const struct sm70__daemon *d)
 	uint32_t n = 0;
 
 	for (const struct sm70__session *s = d->sessions; s; s = s->next)
-		n += s->state == SM70__SESSION_ACTIVE;
+		n += s->state == SM70__SESSION_ACTIVE || s->state == SM70__SESSION_WAITING;
 	return n;
+}
+
+/* ---- waiting for the model -------------------------------------------------------- */
+
+/* The LOADING record of PROTOCOL.md section 4.6 with d's progress now. */
+static void loading_msg(const struct sm70__daemon *d, struct sm70_proto_loading *l)
+{
+	memset(l, 0, sizeof(*l));
+	l->size = sizeof(*l);
+	l->magic = SM70_PROTO_MAGIC;
+	l->type = SM70_PROTO_MSG_LOADING;
+	l->version_major = SM70_PROTO_VERSION_MAJOR;
+	l->version_minor = SM70_PROTO_VERSION_MINOR;
+	l->elapsed_ms = (uint32_t)((d->now_us - d->load_start_us) / 1000);
+	l->bytes_done = d->load_done;
+	l->bytes_total = d->load_total;
+	snprintf(l->model_name, sizeof(l->model_name), "%s", d->model_name);
+}
+
+/* To a waiting client that understands it (hello minor >= 1); a full socket buffer (a
+ * client that does not read) just misses this one. */
+static void loading_send(struct sm70__session *s, const struct sm70_proto_loading *l)
+{
+	if (s->hello.version_minor < 1)
+		return;
+	if (send(s->sock, l, sizeof(*l), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN)
+		sm70__debug("session %u: cannot send LOADING: %s", s->id, strerror(errno));
+}
+
+void sm70__sessions_loading(struct sm70__daemon *d)
+{
+	struct sm70_proto_loading l;
+
+	loading_msg(d, &l);
+	for (struct sm70__session *s = d->sessions; s; s = s->next)
+		if (s->state == SM70__SESSION_WAITING)
+			loading_send(s, &l);
+}
+
+/* A hello that passed every check while the model loads: kept for the welcome; the client
+ * hears at once that the model is loading. */
+static void park(struct sm70__daemon *d, struct sm70__session *s,
+		 const struct sm70_proto_hello *h)
+{
+	struct sm70_proto_loading l;
+
+	s->hello = *h;
+	s->state = SM70__SESSION_WAITING;
+	sm70__info("session %u: '%s' pid %d uid %u waits for the model to load", s->id, s->name,
+		   (int)s->pid, (unsigned)s->uid);
+	loading_msg(d, &l);
+	loading_send(s, &l);
+}
+
+void sm70__sessions_model_ready(struct sm70__daemon *d)
+{
+	for (struct sm70__session *s = d->sessions; s; s = s->next) {
+		int ret;
+
+		if (s->state != SM70__SESSION_WAITING)
+			continue;
+		s->state = SM70__SESSION_HELLO; /* what welcome() and refuse() start from */
+		if (d->draining) {
+			refuse(d, s, SM70_PROTO_E_SHUTDOWN, "sm70d is shutting down; retry when it "
+			       "is back");
+			continue;
+		}
+		ret = welcome(d, s, &s->hello);
+		if (ret == -EPIPE || ret == -ECONNRESET)
+			sm70__session_close(d, s, "the client hung up before the welcome");
+		else if (ret && s->state == SM70__SESSION_HELLO)
+			refuse(d, s, ret == -ENOMEM ? SM70_PROTO_E_NO_MEMORY :
+			       SM70_PROTO_E_INTERNAL, "sm70d could not set up the session: %s",
+			       strerror(-ret));
+		else if (ret)
+			sm70__session_close(d, s, "could not watch the doorbell");
+		else
+			sm70__notice("session %u: '%s' pid %d uid %u, rings %u/%u, arena %u tokens, "
+				     "%zu bytes (waited %llu ms for the model)", s->id, s->name,
+				     (int)s->pid, (unsigned)s->uid, s->sq_entries, s->eq_entries,
+				     s->arena_tokens, s->seg_size, (unsigned long long)
+				     ((d->now_us - s->t_accept_us) / 1000));
+	}
+}
+
+void sm70__sessions_refuse_waiting(struct sm70__daemon *d, int code, const char *why)
+{
+	for (struct sm70__session *s = d->sessions; s; s = s->next)
+		if (s->state == SM70__SESSION_WAITING)
+			refuse(d, s, code, "%s", why);
 }
 
 static void handle_hello(struct sm70__daemon *d, struct sm70__session *s)
@@ -378,13 +599,7 @@ static void handle_hello(struct sm70__daemon *d, struct sm70__session *s)
 		s->name[i] = (h.client_name[i] >= 0x20 && h.client_name[i] < 0x7f) ?
 			     h.client_name[i] : '?';
 
-	if (!sm70__peer_allowed(s->sock, s->uid, s->gid, d->cfg.allowed_uids,
-				 d->cfg.n_allowed_uids, d->cfg.allowed_gids, d->cfg.n_allowed_gids)) {
-		refuse(d, s, SM70_PROTO_E_DENIED, "uid %u (gid %u) may not use this sm70d: "
-		       "ask its administrator to add the uid to allowed_uids or a group to "
-		       "allowed_gids", (unsigned)s->uid, (unsigned)s->gid);
-		return;
-	}
+	/* The uid was checked at accept (accept_one). */
 	if (n < 14 || (msg.msg_flags & MSG_TRUNC)) {
 		refuse(d, s, SM70_PROTO_E_INVALID, "hello: a message of %zd bytes is not a "
 		       "hello", n);
@@ -436,9 +651,21 @@ static void handle_hello(struct sm70__daemon *d, struct sm70__session *s)
 		       "(max_sessions); retry later", d->cfg.max_sessions);
 		return;
 	}
+	if (d->loading) {
+		park(d, s, &h);
+		return;
+	}
 	ret = welcome(d, s, &h);
 	if (ret) {
-		if (s->state == SM70__SESSION_HELLO)
+		if (ret == -EPIPE || ret == -ECONNRESET) {
+			/* it gave up before we could answer: not the daemon's error */
+			sm70__session_close(d, s, "the client hung up before the welcome");
+			return;
+		}
+		if (s->state == SM70__SESSION_HELLO && (ret == -EMFILE || ret == -ENFILE))
+			refuse(d, s, SM70_PROTO_E_BUSY, "sm70d has no file descriptors left for "
+			       "another session; retry later");
+		else if (s->state == SM70__SESSION_HELLO)
 			refuse(d, s, ret == -ENOMEM ? SM70_PROTO_E_NO_MEMORY :
 			       SM70_PROTO_E_INTERNAL, "sm70d could not set up the session: %s",
 			       strerror(-ret));
@@ -465,7 +692,8 @@ static void on_sock(void *arg, int fd, uint32_t revents)
 			sm70__session_close(d, s, "hung up before the hello");
 		return;
 	}
-	if (s->state != SM70__SESSION_ACTIVE)
+	/* A waiting client may only wait, or give up (hang up), until its welcome. */
+	if (s->state != SM70__SESSION_ACTIVE && s->state != SM70__SESSION_WAITING)
 		return;
 	if (revents & POLLIN) {
 		n = recv(fd, &c, 1, MSG_DONTWAIT);
@@ -703,6 +931,9 @@ void sm70__sessions_poll(struct sm70__daemon *d)
 {
 	struct sm70__session *s;
 
+	if (d->accept_paused && d->listen_fd >= 0 &&
+	    (d->fds_released || d->now_us >= d->accept_retry_us))
+		accept_all(d);
 	for (s = d->sessions; s; s = s->next) {
 		if (s->state == SM70__SESSION_HELLO &&
 		    d->now_us - s->t_accept_us > (uint64_t)d->cfg.hello_timeout_ms * 1000) {
@@ -783,6 +1014,10 @@ int64_t sm70__sessions_next_timer(const struct sm70__daemon *d)
 {
 	int64_t best = -1;
 
+	if (d->accept_paused && d->listen_fd >= 0)
+		best = d->accept_retry_us > d->now_us ? (int64_t)(d->accept_retry_us - d->now_us)
+						      : 0;
+
 	for (const struct sm70__session *s = d->sessions; s; s = s->next) {
 		uint64_t at;
 		int64_t dt;
@@ -833,6 +1068,8 @@ void sm70__session_close(struct sm70__daemon *d, struct sm70__session *s, const 
 	if (s->event_fd >= 0)
 		close(s->event_fd);
 	s->doorbell_fd = s->event_fd = -1;
+	session_spares_release(s);
+	d->fds_released = 1;
 	s->state = SM70__SESSION_CLOSED;
 	free(s->held);
 	s->held = NULL;

@@ -23,6 +23,7 @@ enum sm70__session_state {
 	SM70__SESSION_HELLO = 1, /* accepted, waiting for the hello */
 	SM70__SESSION_ACTIVE,	 /* welcomed, segment shared */
 	SM70__SESSION_CLOSED,	 /* socket closed; waits for its jobs' final events */
+	SM70__SESSION_WAITING,	 /* hello accepted while the model loads: welcomed after */
 };
 
 /* An event the ring could not take yet. serial names the job of a TOKEN event (so a slow
@@ -44,6 +45,8 @@ struct sm70__session {
 	struct sm70__watch *doorbell_watch;
 	int event_fd; /* the daemon writes it, only through event_waker (never write(2)) */
 	struct sm70__waker *event_waker;
+	int spare_fds[3]; /* until the welcome: the descriptors it will need */
+	int n_spare;
 	uid_t uid;
 	gid_t gid;
 	pid_t pid;
@@ -76,12 +79,16 @@ struct sm70__session {
 	struct sm70__job *queue;    /* not yet in the engine, by priority then age */
 	uint32_t n_jobs, n_queued;
 
+	/* SM70__SESSION_WAITING: the hello, kept for the welcome */
+	struct sm70_proto_hello hello;
+
 	struct sm70__session *next;
 };
 
 /* Opens the listening socket: a SOCK_SEQPACKET fd passed by systemd if there is one, else
  * binds cfg.socket_path (removing a stale socket file nobody listens on) and chmods it.
- * Starts watching it. Returns 0 or -errno with err naming the problem. */
+ * Starts watching it, and sets aside the descriptors of the first admission. Returns 0 or
+ * -errno with err naming the problem. */
 int sm70__listener_open(struct sm70__daemon *d, struct sm70_err *err);
 
 /* Stops listening; unlinks the socket file if this process created it. */
@@ -102,13 +109,24 @@ void sm70__sessions_publish(struct sm70__daemon *d);
 int sm70__sessions_sleep_begin(struct sm70__daemon *d);
 void sm70__sessions_sleep_end(struct sm70__daemon *d);
 
-/* The nearest session timer (hello timeout, slow-consumer bound) in microseconds from
- * now, or -1 if none. */
+/* The nearest session timer (hello timeout, slow-consumer bound, accept retry) in
+ * microseconds from now, or -1 if none. */
 int64_t sm70__sessions_next_timer(const struct sm70__daemon *d);
 
 /* Ends a session: removes its watches, closes its socket (the client sees a hang-up) and
  * cancels its jobs. why is for the log. The memory goes later, in sm70__sessions_reap. */
 void sm70__session_close(struct sm70__daemon *d, struct sm70__session *s, const char *why);
+
+/* While the model loads: sends each waiting client that understands it (hello minor >= 1)
+ * a LOADING message with d's progress (PROTOCOL.md section 4.6). Never blocks. */
+void sm70__sessions_loading(struct sm70__daemon *d);
+
+/* The model is loaded: welcomes every waiting session (or, while draining, refuses it
+ * with E_SHUTDOWN). */
+void sm70__sessions_model_ready(struct sm70__daemon *d);
+
+/* The load failed or was given up: refuses every waiting session with code and why. */
+void sm70__sessions_refuse_waiting(struct sm70__daemon *d, int code, const char *why);
 
 /* Closes every session (shutdown). */
 void sm70__sessions_close_all(struct sm70__daemon *d, const char *why);

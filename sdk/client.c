@@ -236,7 +236,9 @@ int sm70__session_open(struct sm70_client *c)
 		goto fail;
 	}
 	ret = send_hello(c);
-	if (ret)
+	/* A daemon that refuses this uid answers at accept and closes, possibly before the
+	 * hello was sent (PROTOCOL.md section 2): its REFUSAL is still waiting to be read. */
+	if (ret && ret != -EPIPE && ret != -ECONNRESET)
 		goto fail;
 	n = recv_answer(c, buf, sizeof(buf), fds, &n_fds);
 	if (n < 0) {
