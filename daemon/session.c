@@ -188,6 +188,22 @@ static void refusal_send(struct sm70__daemon *d, int fd, int code, const char *r
 }
 
 /*
+ * Closes a connection whose peer may still be sending (its hello). An AF_UNIX socket closed
+ * with records unread makes the peer's next recv fail with ECONNRESET ahead of the records
+ * queued for it (the refusal); after shutdown nothing more can be queued, so draining first
+ * leaves the peer its refusal, then end of file.
+ */
+static void close_unread(int fd)
+{
+	char c;
+
+	shutdown(fd, SHUT_RDWR);
+	while (recv(fd, &c, sizeof(c), MSG_DONTWAIT) > 0)
+		;
+	close(fd);
+}
+
+/*
  * Takes one connection off the listening socket. The peer's credentials are checked
  * first, before anything is allocated for it: a uid the config does not let in gets its
  * REFUSAL and is closed at once, so it cannot hold daemon descriptors for the hello window.
@@ -235,7 +251,7 @@ static int accept_one(struct sm70__daemon *d, int lfd)
 		refusal_send(d, fd, SM70_PROTO_E_DENIED, why, &r);
 		sm70__notice("connection from pid %d uid %u: refused (%s): %s", (int)cred.pid,
 			     (unsigned)cred.uid, sm70_proto_strerror(SM70_PROTO_E_DENIED), why);
-		close(fd);
+		close_unread(fd);
 		return 1;
 	}
 	s = calloc(1, sizeof(*s));

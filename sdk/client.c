@@ -103,6 +103,14 @@ static ssize_t recv_answer(struct sm70_client *c, void *buf, size_t len, int fds
 	do
 		n = recvmsg(c->sock, &msg, MSG_CMSG_CLOEXEC);
 	while (n < 0 && errno == EINTR);
+	if (n < 0 && errno == ECONNRESET) {
+		/* A daemon that closed with our hello unread (a refusal at accept) makes the
+		 * first recv report the reset ahead of the refusal it queued: read it. */
+		msg.msg_controllen = sizeof(ctl.space);
+		n = recvmsg(c->sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+		if (n < 0)
+			errno = ECONNRESET;
+	}
 	if (n < 0)
 		return sm70__fail(c, -errno, "receiving sm70d's answer: %s", strerror(errno));
 	/* Collect every fd first, so that each one is closed on any error below. */
