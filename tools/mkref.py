@@ -111,10 +111,80 @@ FIXTURES = {
                     max_position_embeddings=2048, initializer_range=0.08),
         dtype=torch.bfloat16, shard=None,
         prompts=[3, 130], new_tokens=16, eos=[447]),
+    # Mixture of experts: 8 experts, 2 per token, renormalised; layer 1 dense
+    # (mlp_only_layers); one tensor per expert (the layout transformers saves).
+    "qwen3_moe-e8k2": dict(
+        model_type="qwen3_moe",
+        config=dict(vocab_size=512, hidden_size=128, intermediate_size=256,
+                    moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=64, tie_word_embeddings=False, rms_norm_eps=1e-6,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                    max_position_embeddings=2048, initializer_range=0.08),
+        dtype=torch.bfloat16, shard=None,
+        prompts=[4, 33, 150], new_tokens=16, eos=[511]),
+    # The hybrid MoE family: DeltaNet + gated attention, 16 experts / 4 per token plus a
+    # gated shared expert; experts stored fused (gate_up_proj [E, 2I, H], down_proj).
+    "qwen3_5_moe-e16k4-shared": dict(
+        model_type="qwen3_5_moe_text", fused_experts=True,
+        config=dict(vocab_size=384, hidden_size=96, moe_intermediate_size=48,
+                    shared_expert_intermediate_size=80, num_experts=16,
+                    num_experts_per_tok=4, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
+                    linear_num_value_heads=4, linear_key_head_dim=32,
+                    linear_value_head_dim=32, linear_conv_kernel_dim=4,
+                    tie_word_embeddings=False, rms_norm_eps=1e-6,
+                    rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                                         partial_rotary_factor=0.25),
+                    max_position_embeddings=2048, initializer_range=0.08),
+        dtype=torch.bfloat16, shard=None,
+        prompts=[6, 100], new_tokens=16, eos=[383]),
+    # qwen3_next with its sparse layers: 16 experts / 3 per token, not renormalised
+    # (norm_topk_prob false), a shared expert, one dense layer.
+    "qwen3_next-e16k3": dict(
+        model_type="qwen3_next",
+        config=dict(vocab_size=448, hidden_size=128, intermediate_size=192,
+                    moe_intermediate_size=40, shared_expert_intermediate_size=64,
+                    num_experts=16, num_experts_per_tok=3, norm_topk_prob=False,
+                    decoder_sparse_step=1, mlp_only_layers=[2], num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                    linear_num_key_heads=2, linear_num_value_heads=4,
+                    linear_key_head_dim=32, linear_value_head_dim=32,
+                    linear_conv_kernel_dim=4, tie_word_embeddings=False, rms_norm_eps=1e-6,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0,
+                                         partial_rotary_factor=0.25),
+                    max_position_embeddings=2048, initializer_range=0.08),
+        dtype=torch.bfloat16, shard=None,
+        prompts=[5, 120], new_tokens=16, eos=[447]),
 }
 
 # Norms whose weight is centred on zero (the layer computes x * (1 + w)).
-ZERO_CENTRED = ("qwen3_5_text", "qwen3_5", "qwen3_next")
+ZERO_CENTRED = ("qwen3_5_text", "qwen3_5", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe")
+
+
+def fuse_experts(path):
+    """Rewrites the per-expert tensors transformers saves (mlp.experts.<e>.{gate,up,down}_
+    proj.weight) as the fused layout (mlp.experts.gate_up_proj [E, 2I, H], gate first;
+    mlp.experts.down_proj [E, H, I]) some published checkpoints use, so the loader's
+    fused path has a fixture too."""
+    import re
+    from safetensors.torch import load_file, save_file
+    f = os.path.join(path, "model.safetensors")
+    t = load_file(f)
+    out, experts = {}, {}
+    for name, v in t.items():
+        m = re.match(r"(.*mlp\.experts\.)(\d+)\.(gate|up|down)_proj\.weight$", name)
+        if m:
+            experts.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3))] = v
+        else:
+            out[name] = v
+    for base, parts in experts.items():
+        n = 1 + max(e for e, _ in parts)
+        out[base + "gate_up_proj"] = torch.stack(
+            [torch.cat([parts[(e, "gate")], parts[(e, "up")]]) for e in range(n)]).contiguous()
+        out[base + "down_proj"] = torch.stack([parts[(e, "down")] for e in range(n)]).contiguous()
+    save_file(out, f, metadata={"format": "pt"})
 
 
 def perturb_norms(model, gen, zero_centred):
@@ -189,6 +259,8 @@ def build(name, spec, outdir, device):
     with open(os.path.join(path, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": 0, "eos_token_id": spec["eos"]}, f, indent=2)
 
+    if spec.get("fused_experts"):
+        fuse_experts(path)
     # The reference loads the checkpoint as a user would, upcast to fp32. (Casting the
     # in-memory model back with .float() would not do: .to(bf16) also rounds the RoPE
     # inv_freq buffer, and .float() does not restore it.)

@@ -20,7 +20,14 @@ static const struct {
 	{ "gdn", offsetof(struct sm70_backend_ops, gdn) },
 	{ "gated_rmsnorm", offsetof(struct sm70_backend_ops, gated_rmsnorm) },
 	{ "sigmoid_mul", offsetof(struct sm70_backend_ops, sigmoid_mul) },
+	{ "moe_route", offsetof(struct sm70_backend_ops, moe_route) },
+	{ "moe_experts", offsetof(struct sm70_backend_ops, moe_experts) },
+	{ "sigmoid_scale_add", offsetof(struct sm70_backend_ops, sigmoid_scale_add) },
 };
+
+/* What any model with mixture-of-experts layers needs besides its family's ops. */
+static const char *const moe_ops[] = { "moe_route", "moe_experts", "sigmoid_scale_add",
+				       NULL };
 
 static const char *const hybrid_ops[] = { "conv1d_silu", "gdn", "gated_rmsnorm",
 					  "sigmoid_mul", NULL };
@@ -35,15 +42,16 @@ static const struct sm70_arch_entry arches[] = {
 	/* the vision-language layout: text weights under model.language_model. */
 	{ "qwen3_5", SM70_ARCH_QWEN3_5, sm70__parse_qwen3_5, &sm70__arch_qwen3_5, NULL,
 	  hybrid_ops, SM70_CAP_TP | SM70_CAP_RECURRENT, HYBRID_NO_PREFIX },
-	/* served when every layer's MLP is dense (mlp_only_layers); MoE layers are refused
-	 * by the parser */
+	/* MoE layers (with a shared expert) where decoder_sparse_step and mlp_only_layers
+	 * say, dense MLPs elsewhere */
 	{ "qwen3_next", SM70_ARCH_QWEN3_5, sm70__parse_qwen3_5, &sm70__arch_qwen3_5, NULL,
 	  hybrid_ops, SM70_CAP_TP | SM70_CAP_RECURRENT, HYBRID_NO_PREFIX },
-	{ "qwen3_moe", SM70_ARCH_QWEN3, NULL, NULL, "mixture-of-experts layers", NULL, 0, NULL },
-	{ "qwen3_5_moe", SM70_ARCH_QWEN3_5, NULL, NULL, "mixture-of-experts layers", NULL, 0,
-	  NULL },
-	{ "qwen3_5_moe_text", SM70_ARCH_QWEN3_5, NULL, NULL, "mixture-of-experts layers", NULL,
-	  0, NULL },
+	{ "qwen3_moe", SM70_ARCH_QWEN3, sm70__parse_qwen3_moe, &sm70__arch_qwen3, NULL, NULL,
+	  SM70_CAP_TP | SM70_CAP_PREFIX_CACHE, NULL },
+	{ "qwen3_5_moe_text", SM70_ARCH_QWEN3_5, sm70__parse_qwen3_5, &sm70__arch_qwen3_5, NULL,
+	  hybrid_ops, SM70_CAP_TP | SM70_CAP_RECURRENT, HYBRID_NO_PREFIX },
+	{ "qwen3_5_moe", SM70_ARCH_QWEN3_5, sm70__parse_qwen3_5, &sm70__arch_qwen3_5, NULL,
+	  hybrid_ops, SM70_CAP_TP | SM70_CAP_RECURRENT, HYBRID_NO_PREFIX },
 	{ "qwen4_exp", SM70_ARCH_QWEN3_5, NULL, NULL,
 	  "hyper-connections, QSA sparse attention, n-gram embeddings and MoE layers", NULL, 0,
 	  NULL },
@@ -80,12 +88,10 @@ const char *sm70__arch_supported(void)
 	return list;
 }
 
-int sm70__arch_check_ops(const struct sm70_arch_entry *a, const struct sm70_backend *be,
-			 struct sm70_err *err)
+static int check_list(const struct sm70_arch_entry *a, const char *const *list,
+		      const struct sm70_backend *be, struct sm70_err *err)
 {
-	if (!a->required_ops)
-		return 0;
-	for (const char *const *name = a->required_ops; *name; name++)
+	for (const char *const *name = list; list && *name; name++)
 		for (size_t i = 0; i < sizeof(op_slots) / sizeof(op_slots[0]); i++) {
 			void (*fn)(void);
 			if (strcmp(op_slots[i].name, *name))
@@ -97,4 +103,12 @@ int sm70__arch_check_ops(const struct sm70_arch_entry *a, const struct sm70_back
 						 "%s models need", be->name, *name, a->model_type);
 		}
 	return 0;
+}
+
+int sm70__arch_check_ops(const struct sm70_arch_entry *a, const struct sm70_model_config *mc,
+			 const struct sm70_backend *be, struct sm70_err *err)
+{
+	int ret = check_list(a, a->required_ops, be, err);
+
+	return ret ? ret : mc->moe.n_moe_layers ? check_list(a, moe_ops, be, err) : 0;
 }

@@ -44,14 +44,16 @@ const struct sm70_arch_entry *sm70__arch_of(const struct sm70_model_config *mc);
 /* "qwen3, qwen3_5, ...": the types that are served, for messages. */
 const char *sm70__arch_supported(void);
 
-/* 0 when be has every op the architecture needs, else -ENOTSUP naming the first one
- * missing, the backend and the architecture. */
-int sm70__arch_check_ops(const struct sm70_arch_entry *a, const struct sm70_backend *be,
-			 struct sm70_err *err);
+/* 0 when be has every op the architecture (and, with MoE layers, mc) needs, else -ENOTSUP
+ * naming the first one missing, the backend and the architecture. */
+int sm70__arch_check_ops(const struct sm70_arch_entry *a, const struct sm70_model_config *mc,
+			 const struct sm70_backend *be, struct sm70_err *err);
 
 /* Family config parsers (model_config.c). */
 int sm70__parse_qwen3(const struct sm70__cfg *c, struct sm70_model_config *mc,
 		      struct sm70_err *err);
+int sm70__parse_qwen3_moe(const struct sm70__cfg *c, struct sm70_model_config *mc,
+			  struct sm70_err *err);
 int sm70__parse_qwen3_5(const struct sm70__cfg *c, struct sm70_model_config *mc,
 			struct sm70_err *err);
 

@@ -45,7 +45,12 @@ struct work {
 	void *gdn_core;     /* act [T, Hv * v_dim] delta-rule output, then gated-normed */
 	float *sel_resid;   /* f32 [S, H] rows that need logits */
 	void *sel_delta, *sel_y;
-	int qkv_ld, proj_ld;
+	float *router;      /* f32 [T, router_ld] router logits (+ the shared expert's gate) */
+	struct sm70_moe_route route; /* [T * k] each */
+	void *moe_mid;      /* act [T * k, moe_inter] */
+	float *moe_part;    /* f32 [T * k, H] */
+	void *sh_gate_up, *sh_mid, *sh_out; /* act: the shared expert */
+	int qkv_ld, proj_ld, router_ld;
 };
 
 static int attn_ld(const struct sm70_model *m, int r)
@@ -88,6 +93,23 @@ static size_t carve_work(const struct sm70_model *m, int r, struct work *w)
 	w->gdn_proj = carve(&cv, gdn ? T * (size_t)w->proj_ld * a : 0);
 	w->gdn_conv = carve(&cv, gdn ? T * (size_t)L->conv_dim * a : 0);
 	w->gdn_core = carve(&cv, gdn ? T * (size_t)L->n_v_heads * L->v_dim * a : 0);
+	if (c->moe.n_moe_layers) {
+		size_t TK = T * (size_t)c->moe.top_k, sh = (size_t)rk->shared_inter;
+
+		w->router_ld = c->moe.n_experts + (c->moe.shared_inter > 0);
+		w->router = carve(&cv, T * (size_t)w->router_ld * sizeof(float));
+		w->route.ids = carve(&cv, TK * sizeof(int32_t));
+		w->route.w = carve(&cv, TK * sizeof(float));
+		w->route.order = carve(&cv, TK * sizeof(int32_t));
+		w->route.used = carve(&cv, TK * sizeof(int32_t));
+		w->route.used_first = carve(&cv, (TK + 1) * sizeof(int32_t));
+		w->route.n_used = carve(&cv, sizeof(int32_t));
+		w->moe_mid = carve(&cv, TK * (size_t)rk->moe_inter * a);
+		w->moe_part = carve(&cv, TK * H * sizeof(float));
+		w->sh_gate_up = carve(&cv, T * 2 * sh * a);
+		w->sh_mid = carve(&cv, T * sh * a);
+		w->sh_out = carve(&cv, sh ? T * H * a : 0);
+	}
 	return cv.off;
 }
 
@@ -208,6 +230,32 @@ static void mlp_block(struct sm70_model *m, int r, int l, struct work *w)
 	}
 }
 
+/* Rank r's mixture of experts of layer l: router (+ shared gate) logits in f32, the
+ * routing, the chosen experts' SwiGLU MLPs weighted and summed, and the shared expert
+ * scaled by sigmoid of its gate; the (partial) sum in w->delta. */
+static void moe_block(struct sm70_model *m, int r, int l, struct work *w)
+{
+	const struct sm70_moe_config *c = &m->cfg.moe;
+	struct sm70_model_rank *rk = &m->rank[r];
+	struct sm70_backend *be = rk->be;
+	const struct sm70_backend_ops *op = be->ops;
+	const struct sm70_moe_weights *E = &layer_of(m, r, l)->moe;
+	int T = rk->batch.n_tokens, H = m->cfg.hidden_size;
+
+	op->matmul(be, w->router, 1, w->y, &E->router, T);
+	op->moe_route(be, &w->route, w->router, w->router_ld, T, c->n_experts, c->top_k,
+		      c->renorm);
+	op->moe_experts(be, w->delta, w->y, &E->gate_up, &E->down, &w->route, T, c->top_k,
+			w->moe_mid, w->moe_part);
+	if (!c->shared_inter)
+		return;
+	op->matmul(be, w->sh_gate_up, 0, w->y, &E->shared.gate_up, T);
+	op->silu_mul(be, w->sh_mid, w->sh_gate_up, T, rk->shared_inter);
+	op->matmul(be, w->sh_out, 0, w->sh_mid, &E->shared.down, T);
+	op->sigmoid_scale_add(be, w->delta, w->sh_out, w->router + c->n_experts, w->router_ld, T,
+			      H);
+}
+
 /* Rank r's head: the rows that need logits finish the last residual add, the final
  * norm and this rank's slice of the LM head. */
 static void head_block(struct sm70_model *m, int r, struct work *w)
@@ -256,7 +304,10 @@ void sm70__decoder_forward(struct sm70_model *m)
 		reduce_delta(m, w, T);
 		for (int r = 0; r < m->tp; r++) {
 			residual_in(m, r, &w[r], 0, layer_of(m, r, l)->mlp_norm);
-			mlp_block(m, r, l, &w[r]);
+			if (m->cfg.layer_moe[l])
+				moe_block(m, r, l, &w[r]);
+			else
+				mlp_block(m, r, l, &w[r]);
 		}
 		reduce_delta(m, w, T);
 	}
@@ -278,7 +329,10 @@ size_t sm70__decoder_weight_bytes(const struct sm70_model *m, int r)
 	for (int l = 0; l < d->n_layers; l++) {
 		const struct sm70_layer_weights *L = &d->layers[l];
 		n += WBYTES(L->attn.qkv) + WBYTES(L->attn.o) + WBYTES(L->gdn.in_proj) +
-		     WBYTES(L->gdn.out) + WBYTES(L->mlp.gate_up) + WBYTES(L->mlp.down);
+		     WBYTES(L->gdn.out) + WBYTES(L->mlp.gate_up) + WBYTES(L->mlp.down) +
+		     WBYTES(L->moe.router) + WBYTES(L->moe.shared.gate_up) +
+		     WBYTES(L->moe.shared.down);
+		/* the experts a decode step reads are counted per step (sm70__expert_bytes) */
 	}
 	return n + WBYTES(d->lm_head);
 }
@@ -310,13 +364,17 @@ void sm70__decoder_free(struct sm70_model *m, int r, void *state)
 		float *vecs[] = { L->mixer_norm, L->mlp_norm, L->attn.q_norm, L->attn.k_norm,
 				  L->gdn.conv, L->gdn.a_log, L->gdn.dt_bias, L->gdn.norm };
 		struct sm70_weight *mats[] = { &L->attn.qkv, &L->attn.o, &L->gdn.in_proj,
-					       &L->gdn.out, &L->mlp.gate_up, &L->mlp.down };
+					       &L->gdn.out, &L->mlp.gate_up, &L->mlp.down,
+					       &L->moe.router, &L->moe.shared.gate_up,
+					       &L->moe.shared.down };
 
 		for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++)
 			if (vecs[i])
 				be->ops->buf_free(be, vecs[i]);
 		for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++)
 			sm70__weight_free(m, r, mats[i]);
+		sm70__experts_free(m, r, &L->moe.gate_up);
+		sm70__experts_free(m, r, &L->moe.down);
 	}
 	free(d->layers);
 	if (!d->tied)
@@ -376,21 +434,23 @@ int sm70__load_embed_head(struct sm70_model *m, int r, const struct sm70_ckpt *c
 							      "norm.weight"), H, err);
 }
 
-int sm70__load_mlp(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
-		   struct sm70_mlp_weights *w, struct sm70_err *err)
+/* A SwiGLU MLP named <p><mlp>{gate,up,down}_proj.weight of intermediate size I, rank r
+ * holding rows [r * ri, (r+1) * ri) of gate and up and those columns of down. */
+static int load_swiglu(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
+		       const char *mlp, int I, int ri, struct sm70_mlp_weights *w,
+		       struct sm70_err *err)
 {
-	const struct sm70_model_rank *rk = &m->rank[r];
-	int H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
-	char ng[160], nu[160], nd[160];
+	int H = m->cfg.hidden_size;
+	char ng[192], nu[192], nd[192];
 	int ret;
 
-	name(ng, sizeof(ng), p, "mlp.gate_proj.weight");
-	name(nu, sizeof(nu), p, "mlp.up_proj.weight");
-	name(nd, sizeof(nd), p, "mlp.down_proj.weight");
+	snprintf(ng, sizeof(ng), "%s%sgate_proj.weight", p, mlp);
+	snprintf(nu, sizeof(nu), "%s%sup_proj.weight", p, mlp);
+	snprintf(nd, sizeof(nd), "%s%sdown_proj.weight", p, mlp);
 	{
 		struct sm70_weight_part parts[2] = {
-			{ ng, I, r * rk->inter, rk->inter },
-			{ nu, I, r * rk->inter, rk->inter },
+			{ ng, I, r * ri, ri },
+			{ nu, I, r * ri, ri },
 		};
 		ret = sm70__weight_load(m, r, ck, &w->gate_up, parts, 2, H, 0, H, err);
 		if (ret)
@@ -398,9 +458,49 @@ int sm70__load_mlp(struct sm70_model *m, int r, const struct sm70_ckpt *ck, cons
 	}
 	{
 		struct sm70_weight_part parts[1] = { { nd, H, 0, H } };
-		return sm70__weight_load(m, r, ck, &w->down, parts, 1, I, r * rk->inter, rk->inter,
-					 err);
+		return sm70__weight_load(m, r, ck, &w->down, parts, 1, I, r * ri, ri, err);
 	}
+}
+
+int sm70__load_mlp(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
+		   struct sm70_mlp_weights *w, struct sm70_err *err)
+{
+	return load_swiglu(m, r, ck, p, "mlp.", m->cfg.intermediate_size, m->rank[r].inter, w,
+			   err);
+}
+
+static int load_moe(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
+		    struct sm70_moe_weights *w, struct sm70_err *err)
+{
+	const struct sm70_moe_config *c = &m->cfg.moe;
+	const struct sm70_model_rank *rk = &m->rank[r];
+	int H = m->cfg.hidden_size, ret;
+	char nr[192], ng[192];
+
+	/* replicated: every rank routes every token, identically */
+	snprintf(nr, sizeof(nr), "%smlp.gate.weight", p);
+	snprintf(ng, sizeof(ng), "%smlp.shared_expert_gate.weight", p);
+	{
+		struct sm70_weight_part parts[2] = { { nr, c->n_experts, 0, c->n_experts },
+						     { ng, 1, 0, 1 } };
+		ret = sm70__weight_load(m, r, ck, &w->router, parts, c->shared_inter ? 2 : 1, H, 0,
+					H, err);
+		if (ret)
+			return ret;
+	}
+	ret = sm70__load_experts(m, r, ck, p, c->n_experts, c->inter, r * rk->moe_inter,
+				 rk->moe_inter, H, &w->gate_up, &w->down, err);
+	if (ret || !c->shared_inter)
+		return ret;
+	return load_swiglu(m, r, ck, p, "mlp.shared_expert.", c->shared_inter, rk->shared_inter,
+			   &w->shared, err);
+}
+
+int sm70__load_ffn(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
+		   int l, struct sm70_layer_weights *w, struct sm70_err *err)
+{
+	return m->cfg.layer_moe[l] ? load_moe(m, r, ck, p, &w->moe, err) :
+				     sm70__load_mlp(m, r, ck, p, &w->mlp, err);
 }
 
 int sm70__load_attention(struct sm70_model *m, int r, const struct sm70_ckpt *ck,

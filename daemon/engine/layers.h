@@ -37,11 +37,21 @@ struct sm70_mlp_weights {
 	struct sm70_weight gate_up, down;
 };
 
+/* Mixture of experts: the router's rows (and, with a shared expert, its gate's one row
+ * after them: one f32 matmul gives both), the stacked experts (this rank's rows of each),
+ * and the shared expert as a dense MLP. */
+struct sm70_moe_weights {
+	struct sm70_weight router;
+	struct sm70_experts gate_up, down;
+	struct sm70_mlp_weights shared;
+};
+
 struct sm70_layer_weights {
 	float *mixer_norm, *mlp_norm;
 	struct sm70_attn_weights attn; /* SM70_LAYER_ATTENTION */
 	struct sm70_gdn_weights gdn;   /* SM70_LAYER_GDN */
-	struct sm70_mlp_weights mlp;
+	struct sm70_mlp_weights mlp;   /* dense layers */
+	struct sm70_moe_weights moe;   /* cfg.layer_moe[l] */
 };
 
 struct sm70_decoder {
@@ -69,6 +79,11 @@ int sm70__load_embed_head(struct sm70_model *m, int r, const struct sm70_ckpt *c
  * row-parallel down. */
 int sm70__load_mlp(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
 		   struct sm70_mlp_weights *w, struct sm70_err *err);
+
+/* The layer's MLP: sm70__load_mlp, or the mixture of experts (router, experts in the fused
+ * or per-expert layout, shared expert and its gate) when cfg.layer_moe[l] says so. */
+int sm70__load_ffn(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
+		   int l, struct sm70_layer_weights *w, struct sm70_err *err);
 
 /* The attention of a layer at name prefix p: q/k/v (and, when the config says gated,
  * the per-head output gate that q_proj interleaves with the query, moved behind v),

@@ -220,6 +220,8 @@ static void split_ranks(struct sm70_model *m)
 		}
 		rk->inter = c->intermediate_size / tp;
 		rk->gdn_k0 = r * (c->hybrid.gdn.n_k_heads / tp);
+		rk->moe_inter = c->moe.inter / tp;
+		rk->shared_inter = c->moe.shared_inter / tp;
 		rk->vocab0 = r * vshare < c->vocab_size ? r * vshare : c->vocab_size;
 		rk->vocab_n = c->vocab_size - rk->vocab0 < vshare ? c->vocab_size - rk->vocab0 :
 				vshare;
@@ -245,6 +247,10 @@ static int check_tp(const struct sm70_model *m, struct sm70_err *err)
 	if (c->vocab_size < tp)
 		return sm70_errf(err, -EINVAL, "tensor parallelism %d exceeds the vocabulary",
 				 tp);
+	if (c->moe.n_moe_layers && (c->moe.inter % tp || c->moe.shared_inter % tp))
+		return sm70_errf(err, -EINVAL, "tensor parallelism %d needs moe_intermediate_size "
+				 "(%d) and shared_expert_intermediate_size (%d) to divide evenly",
+				 tp, c->moe.inter, c->moe.shared_inter);
 	if (!(m->entry->caps & SM70_CAP_TP))
 		return sm70_errf(err, -ENOTSUP, "tensor parallelism is not supported for %s "
 				 "models", c->model_type);
@@ -317,7 +323,7 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 	}
 	/* an op the architecture needs but a backend lacks is refused here, by name */
 	for (int r = 0; r < tp; r++) {
-		ret = sm70__arch_check_ops(m->entry, be[r], err);
+		ret = sm70__arch_check_ops(m->entry, &m->cfg, be[r], err);
 		if (ret)
 			goto fail;
 	}

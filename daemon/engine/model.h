@@ -86,6 +86,9 @@ struct sm70_model_rank {
 	/* DeltaNet: key heads [gdn_k0, gdn_k0 + state_lay.n_k_heads) and the value heads
 	 * that read them */
 	int gdn_k0;
+	/* MoE: rows [r * moe_inter, (r+1) * moe_inter) of every expert, and of the shared
+	 * expert [r * shared_inter, ...) */
+	int moe_inter, shared_inter;
 };
 
 struct sm70_arch_ops {
@@ -232,6 +235,20 @@ int sm70__f32_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, floa
 		   const struct sm70_row_band *bands, int n_bands, float add, float dummy_base,
 		   float dummy_scale, struct sm70_err *err);
 void sm70__weight_free(struct sm70_model *m, int r, struct sm70_weight *w);
+
+/*
+ * Loads rank r's share of the n_experts experts of the MoE MLP at name prefix p: rows
+ * [i0, i0 + ni) of every expert's gate and up (gate_up: [E][2 * ni][hidden], gate first)
+ * and those columns of its down (down: [E][hidden][ni]). Reads the fused layout
+ * (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]) when the
+ * checkpoint has it, else one tensor per expert (mlp.experts.<e>.{gate,up,down}_proj),
+ * one expert at a time. Returns 0 or -errno with err naming the tensor.
+ */
+int sm70__load_experts(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
+		       int n_experts, int inter, int i0, int ni, int hidden,
+		       struct sm70_experts *gate_up, struct sm70_experts *down,
+		       struct sm70_err *err);
+void sm70__experts_free(struct sm70_model *m, int r, struct sm70_experts *w);
 
 extern const struct sm70_arch_ops sm70__arch_qwen3;
 extern const struct sm70_arch_ops sm70__arch_qwen3_5;

@@ -296,7 +296,8 @@ int sm70_model_config_parse(struct sm70_model_config *mc, json_t *config,
 
 	if ((ret = get_int(&c, "vocab_size", 1, 0, 1, 1 << 24, &mc->vocab_size, err)) ||
 	    (ret = get_int(&c, "hidden_size", 1, 0, 1, 1 << 16, &mc->hidden_size, err)) ||
-	    (ret = get_int(&c, "intermediate_size", 1, 0, 1, 1 << 20, &mc->intermediate_size,
+	    /* checked below: only models with a dense MLP layer need it */
+	    (ret = get_int(&c, "intermediate_size", 0, 0, 1, 1 << 20, &mc->intermediate_size,
 			   err)) ||
 	    (ret = get_int(&c, "num_hidden_layers", 1, 0, 1, SM70_MAX_LAYERS, &mc->n_layers,
 			   err)) ||
@@ -342,6 +343,8 @@ int sm70_model_config_parse(struct sm70_model_config *mc, json_t *config,
 	ret = row->parse(&c, mc, err);
 	if (ret)
 		return ret;
+	if (mc->moe.n_moe_layers < mc->n_layers && !mc->intermediate_size)
+		return sm70_errf(err, -EINVAL, CFG ": missing required key 'intermediate_size'");
 
 	/* generation_config.json is what transformers' generate() stops on, so it wins. */
 	v = generation_config ? json_object_get(generation_config, "eos_token_id") : NULL;
@@ -413,36 +416,84 @@ static int parse_layer_types(const struct cfg *c, struct sm70_model_config *mc,
 	return 0;
 }
 
-/* qwen3_next: which layers are mixture-of-experts (none may be, for now). */
-static int refuse_sparse_layers(const struct cfg *c, struct sm70_model_config *mc,
-				struct sm70_err *err)
+/* A family's MoE defaults: what transformers assumes for an absent key. */
+struct moe_defaults {
+	int all_sparse;  /* every layer is MoE (qwen3_5_moe): no mlp_only_layers, no step */
+	int experts, top_k, inter, shared_inter; /* shared_inter 0: no shared expert */
+	int renorm;
+};
+
+/*
+ * Which layers are mixture-of-experts and their sizes. With all_sparse (qwen3_5_moe)
+ * every layer is; otherwise (qwen3_moe, qwen3_next) layer l is unless it is listed in
+ * mlp_only_layers, num_experts is 0, or (l + 1) is not a multiple of decoder_sparse_step.
+ * The expert count is "num_experts", which transformers 5 saves as "num_local_experts".
+ */
+static int parse_moe(const struct cfg *c, struct sm70_model_config *mc,
+		     const struct moe_defaults *d, struct sm70_err *err)
 {
+	struct sm70_moe_config *e = &mc->moe;
 	const char *where;
 	json_t *only = cfg_get(c, "mlp_only_layers", &where);
-	int experts, step, ret;
+	int all_sparse = d->all_sparse, step = 1, ret;
+	const char *n_key = cfg_get(c, "num_experts", &where) || !cfg_get(c, "num_local_experts",
+									  &where) ?
+			    "num_experts" : "num_local_experts";
 
-	if ((ret = get_int(c, "num_experts", 0, 0, 0, 1 << 16, &experts, err)) ||
-	    (ret = get_int(c, "decoder_sparse_step", 0, 1, 1, SM70_MAX_LAYERS, &step, err)))
+	only = cfg_get(c, "mlp_only_layers", &where);
+	if ((ret = get_int(c, n_key, 0, d->experts, 0, 1 << 16, &e->n_experts, err)) ||
+	    (!all_sparse &&
+	     (ret = get_int(c, "decoder_sparse_step", 0, 1, 1, SM70_MAX_LAYERS, &step, err))) ||
+	    (ret = get_bool(c, "norm_topk_prob", d->renorm, &e->renorm, err)))
 		return ret;
+	if (all_sparse)
+		e->renorm = 1; /* qwen3_5_moe always renormalises */
 	if (only && !json_is_array(only))
 		return sm70_errf(err, -EINVAL, CFG ": '%smlp_only_layers' must be an array of "
 				 "layer indices", where);
-	for (int l = 0; l < mc->n_layers && experts > 0; l++) {
-		int dense = 0;
+	for (size_t i = 0; only && i < json_array_size(only); i++) {
+		json_t *v = json_array_get(only, i);
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    json_integer_value(v) >= mc->n_layers)
+			return sm70_errf(err, -EINVAL, CFG ": '%smlp_only_layers[%zu]' must be a "
+					 "layer index below %d", where, i, mc->n_layers);
+	}
+	for (int l = 0; l < mc->n_layers; l++) {
+		int dense = !all_sparse && (e->n_experts == 0 || (l + 1) % step != 0);
 
-		for (size_t i = 0; only && i < json_array_size(only); i++) {
-			json_t *e = json_array_get(only, i);
-			if (!json_is_integer(e))
-				return sm70_errf(err, -EINVAL, CFG ": '%smlp_only_layers[%zu]' must "
-						 "be an integer", where, i);
-			dense |= json_integer_value(e) == l;
-		}
-		if (!dense && (l + 1) % step == 0)
-			return sm70_errf(err, -ENOTSUP, CFG ": layer %d of this %s model is a "
-					 "mixture-of-experts layer (num_experts %d); MoE layers "
-					 "are not supported yet", l, mc->model_type, experts);
+		for (size_t i = 0; !all_sparse && only && i < json_array_size(only); i++)
+			dense |= json_integer_value(json_array_get(only, i)) == l;
+		mc->layer_moe[l] = !dense;
+		e->n_moe_layers += !dense;
+	}
+	if (!e->n_moe_layers)
+		return 0;
+	if (e->n_experts < 1)
+		return sm70_errf(err, -EINVAL, CFG ": '%s' must be at least 1 for "
+				 "mixture-of-experts layers", n_key);
+	if ((ret = get_int(c, "num_experts_per_tok", 0, d->top_k, 1, 64, &e->top_k, err)) ||
+	    (ret = get_int(c, "moe_intermediate_size", 0, d->inter, 1, 1 << 20, &e->inter,
+			   err)))
+		return ret;
+	if (e->top_k > e->n_experts)
+		return sm70_errf(err, -EINVAL, CFG ": 'num_experts_per_tok' (%d) exceeds "
+				 "'num_experts' (%d)", e->top_k, e->n_experts);
+	if (d->shared_inter) {
+		ret = get_int(c, "shared_expert_intermediate_size", 0, d->shared_inter, 1, 1 << 20,
+			      &e->shared_inter, err);
+		if (ret)
+			return ret;
 	}
 	return 0;
+}
+
+int sm70__parse_qwen3_moe(const struct cfg *c, struct sm70_model_config *mc,
+			  struct sm70_err *err)
+{
+	static const struct moe_defaults d = { 0, 128, 8, 768, 0, 0 };
+	int ret = sm70__parse_qwen3(c, mc, err);
+
+	return ret ? ret : parse_moe(c, mc, &d, err);
 }
 
 int sm70__parse_qwen3_5(const struct cfg *c, struct sm70_model_config *mc,
@@ -484,5 +535,13 @@ int sm70__parse_qwen3_5(const struct cfg *c, struct sm70_model_config *mc,
 	ret = parse_layer_types(c, mc, err);
 	if (ret)
 		return ret;
-	return mc->hybrid.fused_proj ? refuse_sparse_layers(c, mc, err) : 0;
+	if (mc->hybrid.fused_proj) { /* qwen3_next: sparse by the rule */
+		static const struct moe_defaults next = { 0, 512, 10, 512, 512, 1 };
+		return parse_moe(c, mc, &next, err);
+	}
+	if (strncmp(mc->model_type, "qwen3_5_moe", 11) == 0) {
+		static const struct moe_defaults q35 = { 1, 256, 8, 512, 512, 1 };
+		return parse_moe(c, mc, &q35, err);
+	}
+	return 0;
 }

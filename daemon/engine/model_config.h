@@ -39,6 +39,16 @@ struct sm70_gdn_config {
 	int v_dim;     /* linear_value_head_dim */
 };
 
+/* Mixture-of-experts MLPs (qwen3_moe, qwen3_5_moe, qwen3_next). */
+struct sm70_moe_config {
+	int n_experts;     /* num_experts */
+	int top_k;         /* num_experts_per_tok */
+	int inter;         /* moe_intermediate_size: rows of one expert's gate (and up) */
+	int shared_inter;  /* shared_expert_intermediate_size; 0: no shared expert */
+	int renorm;        /* norm_topk_prob: the k weights are divided by their sum */
+	int n_moe_layers;
+};
+
 /* Fields only the hybrid family has. */
 struct sm70_hybrid_config {
 	struct sm70_gdn_config gdn;
@@ -73,6 +83,8 @@ struct sm70_model_config {
 	int attn_gate;
 	int n_attn_layers;
 	uint8_t layer_kind[SM70_MAX_LAYERS]; /* enum sm70_layer_kind per layer */
+	uint8_t layer_moe[SM70_MAX_LAYERS];  /* 1: the layer's MLP is a mixture of experts */
+	struct sm70_moe_config moe;          /* when any layer_moe is set */
 	struct sm70_hybrid_config hybrid;    /* SM70_ARCH_QWEN3_5 only */
 };
 

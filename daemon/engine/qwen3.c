@@ -35,7 +35,7 @@ static int qwen3_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, v
 		if (!ret)
 			ret = sm70__load_attention(m, r, ck, p, &L->attn, err);
 		if (!ret)
-			ret = sm70__load_mlp(m, r, ck, p, &L->mlp, err);
+			ret = sm70__load_ffn(m, r, ck, p, l, L, err);
 	}
 	if (ret) {
 		sm70__decoder_free(m, r, d);

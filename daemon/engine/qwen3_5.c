@@ -167,7 +167,7 @@ static int qwen3_5_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
 				      load_gdn(m, r, ck, p, &L->gdn, err) :
 				      sm70__load_attention(m, r, ck, p, &L->attn, err);
 		if (!ret)
-			ret = sm70__load_mlp(m, r, ck, p, &L->mlp, err);
+			ret = sm70__load_ffn(m, r, ck, p, l, L, err);
 	}
 	if (ret) {
 		sm70__decoder_free(m, r, d);

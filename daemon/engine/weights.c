@@ -342,3 +342,126 @@ void sm70__weight_free(struct sm70_model *m, int r, struct sm70_weight *w)
 		m->rank[r].be->ops->buf_free(m->rank[r].be, w->data);
 	w->data = NULL;
 }
+
+/* Fills rows x cols of dst (dt) with tensor `name`'s dummy values at (row0, col0) of a
+ * [., full_cols] matrix. */
+static void dummy_window(const struct sm70_model *m, void *dst, enum sm70_dtype dt,
+			 const char *name, int full_cols, int row0, int rows, int col0, int cols)
+{
+	struct dummy_job j = {
+		.dst = dst, .dt = dt, .seed = name_seed(name, m->opts.dummy_seed),
+		.scale = 1.0f / sqrtf((float)full_cols), .full_cols = (size_t)full_cols,
+		.row0 = (size_t)row0, .rows = (size_t)rows, .col0 = (size_t)col0,
+		.cols = (size_t)cols,
+	};
+	dummy_fill(&j);
+}
+
+/* One band of an expert matrix: rows [row0, row0 + rows) and columns [col0, col0 + cols)
+ * of `t` seen as a [., full_cols] matrix (the fused tensors are [E * R, C] that way), or
+ * of the dummy tensor `name`. */
+static int expert_band(struct sm70_model *m, void *dst, enum sm70_dtype dt,
+		       const struct sm70_st_tensor *t, const char *name, int full_cols, int row0,
+		       int rows, int col0, int cols, struct sm70_err *err)
+{
+	struct sm70_weight_part p = { name, row0 + rows, row0, rows };
+
+	if (m->opts.dummy) {
+		dummy_window(m, dst, dt, name, full_cols, row0, rows, col0, cols);
+		return 0;
+	}
+	return copy_window(m, dst, dt, t, &p, full_cols, col0, cols, err);
+}
+
+int sm70__load_experts(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
+		       int n_experts, int inter, int i0, int ni, int hidden,
+		       struct sm70_experts *gate_up, struct sm70_experts *down,
+		       struct sm70_err *err)
+{
+	struct sm70_backend *be = m->rank[r].be;
+	const struct sm70_st_tensor *fgu = NULL, *fdn = NULL;
+	char ngu[192], ndn[192], ng[192], nu[192];
+	enum sm70_dtype dt = SM70_DTYPE_BF16;
+	size_t gu_bytes, dn_bytes, esz;
+	uint8_t *host = NULL;
+	int fused, ret = 0;
+
+	snprintf(ngu, sizeof(ngu), "%smlp.experts.gate_up_proj", p);
+	snprintf(ndn, sizeof(ndn), "%smlp.experts.down_proj", p);
+	fused = !m->opts.dummy && sm70_ckpt_find(ck, ngu);
+	if (fused) {
+		int64_t s_gu[3] = { n_experts, 2 * inter, hidden }, s_dn[3] = { n_experts, hidden,
+									       inter };
+		if ((ret = sm70_ckpt_get(ck, ngu, 3, s_gu, &fgu, err)) ||
+		    (ret = sm70_ckpt_get(ck, ndn, 3, s_dn, &fdn, err)))
+			return ret;
+		dt = fgu->dtype;
+	} else if (!m->opts.dummy) {
+		const struct sm70_st_tensor *t;
+		int64_t s[2] = { inter, hidden };
+		snprintf(ng, sizeof(ng), "%smlp.experts.0.gate_proj.weight", p);
+		if ((ret = sm70_ckpt_get(ck, ng, 2, s, &t, err)))
+			return ret;
+		dt = t->dtype;
+	}
+	if (be->weight_dtype != SM70_DTYPE_COUNT)
+		dt = be->weight_dtype;
+	esz = sm70_dtype_size(dt);
+	*gate_up = (struct sm70_experts){ dt, n_experts, 2 * ni, hidden, NULL };
+	*down = (struct sm70_experts){ dt, n_experts, hidden, ni, NULL };
+	gu_bytes = (size_t)2 * ni * hidden * esz;
+	dn_bytes = (size_t)hidden * ni * esz;
+	gate_up->data = be->ops->buf_alloc(be, gu_bytes * (size_t)n_experts);
+	down->data = be->ops->buf_alloc(be, dn_bytes * (size_t)n_experts);
+	host = malloc(gu_bytes > dn_bytes ? gu_bytes : dn_bytes);
+	if (!gate_up->data || !down->data || !host) {
+		ret = sm70_errf(err, -ENOMEM, "cannot allocate the %d experts of %s (%zu bytes on "
+				"%s, rank %d)", n_experts, p, (gu_bytes + dn_bytes) * n_experts,
+				be->name, r);
+		goto out;
+	}
+	/* expert by expert: one expert's rows on the host at a time, however many there are */
+	for (int e = 0; e < n_experts && !ret; e++) {
+		const struct sm70_st_tensor *tg = fgu, *tu = fgu, *td = fdn;
+		int g0 = e * 2 * inter + i0, u0 = e * 2 * inter + inter + i0, d0 = e * hidden;
+
+		if (!fused) {
+			int64_t s_gu[2] = { inter, hidden }, s_dn[2] = { hidden, inter };
+			snprintf(ng, sizeof(ng), "%smlp.experts.%d.gate_proj.weight", p, e);
+			snprintf(nu, sizeof(nu), "%smlp.experts.%d.up_proj.weight", p, e);
+			snprintf(ndn, sizeof(ndn), "%smlp.experts.%d.down_proj.weight", p, e);
+			g0 = i0;
+			u0 = i0;
+			d0 = 0;
+			if (!m->opts.dummy &&
+			    ((ret = sm70_ckpt_get(ck, ng, 2, s_gu, &tg, err)) ||
+			     (ret = sm70_ckpt_get(ck, nu, 2, s_gu, &tu, err)) ||
+			     (ret = sm70_ckpt_get(ck, ndn, 2, s_dn, &td, err))))
+				break;
+		}
+		if ((ret = expert_band(m, host, dt, tg, fused ? ngu : ng, hidden, g0, ni, 0, hidden,
+				       err)) ||
+		    (ret = expert_band(m, host + (size_t)ni * hidden * esz, dt, tu,
+				       fused ? ngu : nu, hidden, u0, ni, 0, hidden, err)) ||
+		    (ret = be->ops->upload(be, (char *)gate_up->data + (size_t)e * gu_bytes, host,
+					   gu_bytes)))
+			break;
+		if ((ret = expert_band(m, host, dt, td, ndn, inter, d0, hidden, i0, ni, err)) ||
+		    (ret = be->ops->upload(be, (char *)down->data + (size_t)e * dn_bytes, host,
+					   dn_bytes)))
+			break;
+		/* uploads are asynchronous on device backends: host is reused next expert */
+		if ((ret = be->ops->sync(be)))
+			break;
+	}
+out:
+	free(host);
+	return ret;
+}
+
+void sm70__experts_free(struct sm70_model *m, int r, struct sm70_experts *w)
+{
+	if (w->data)
+		m->rank[r].be->ops->buf_free(m->rank[r].be, w->data);
+	w->data = NULL;
+}

@@ -252,9 +252,16 @@ struct bad_case {
 static const struct bad_case bad_cases[] = {
 	{ "{\"model_type\": \"llama\"}", NULL, -ENOTSUP,
 	  "config.json: unsupported model_type 'llama' (supported: qwen3, qwen3_5_text, "
-	  "qwen3_5, qwen3_next)" },
-	{ "{\"model_type\": \"qwen3_moe\"}", NULL, -ENOTSUP,
-	  "model_type 'qwen3_moe' is not supported yet: mixture-of-experts layers" },
+	  "qwen3_5, qwen3_next, qwen3_moe, qwen3_5_moe_text, qwen3_5_moe)" },
+	{ "{\"model_type\": \"qwen4_exp\"}", NULL, -ENOTSUP,
+	  "model_type 'qwen4_exp' is not supported yet: hyper-connections" },
+	{ "{\"model_type\": \"qwen3_moe\", \"num_experts\": 4, \"num_experts_per_tok\": 5,"
+	  " \"moe_intermediate_size\": 32}", NULL, -EINVAL,
+	  "'num_experts_per_tok' (5) exceeds 'num_experts' (4)" },
+	{ "{\"model_type\": \"qwen3_moe\", \"intermediate_size\": null, "
+	  "\"mlp_only_layers\": [0]}", NULL, -EINVAL, "missing required key 'intermediate_size'" },
+	{ "{\"model_type\": \"qwen3_moe\", \"mlp_only_layers\": [7]}", NULL, -EINVAL,
+	  "'mlp_only_layers[0]' must be a layer index below 2" },
 	{ "{\"model_type\": \"qwen3_5_text\", \"layer_types\": [\"full_attention\"]}", NULL,
 	  -EINVAL, "'layer_types' lists 1 layers, 'num_hidden_layers' is 2" },
 	{ "{\"model_type\": \"qwen3_5_text\", \"layer_types\": [\"full_attention\", "
@@ -268,8 +275,9 @@ static const struct bad_case bad_cases[] = {
 	{ "{\"model_type\": \"qwen3_5_text\", \"partial_rotary_factor\": 0.01}", NULL,
 	  -EINVAL, "rotates 0 dimensions" },
 	{ "{\"model_type\": \"qwen3_next\", \"num_experts\": 8, \"layer_types\": "
-	  "[\"linear_attention\", \"full_attention\"]}", NULL, -ENOTSUP,
-	  "layer 0 of this qwen3_next model is a mixture-of-experts layer" },
+	  "[\"linear_attention\", \"full_attention\"], \"num_experts_per_tok\": 2, "
+	  "\"shared_expert_intermediate_size\": -1}", NULL, -EINVAL,
+	  "'shared_expert_intermediate_size' (-1) must be between 1" },
 	{ "{\"model_type\": \"qwen3_vl\"}", NULL, -ENOTSUP, "'qwen3_vl'" },
 	{ "{\"model_type\": null}", NULL, -EINVAL, "missing required key 'model_type'" },
 	{ "{\"model_type\": 3}", NULL, -EINVAL, "'model_type' must be a string" },
