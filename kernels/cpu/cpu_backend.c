@@ -140,6 +140,9 @@ static const struct sm70_backend_ops cpu_ops = {
 	.gdn = sm70__cpu_gdn,
 	.gated_rmsnorm = sm70__cpu_gated_rmsnorm,
 	.sigmoid_mul = sm70__cpu_sigmoid_mul,
+	.moe_route = sm70__cpu_moe_route,
+	.moe_experts = sm70__cpu_moe_experts,
+	.sigmoid_scale_add = sm70__cpu_sigmoid_scale_add,
 };
 
 int sm70_backend_cpu_create(struct sm70_backend **out, int n_threads, struct sm70_err *err)

@@ -245,5 +245,13 @@ void sm70__cpu_gated_rmsnorm(struct sm70_backend *be, void *x, const void *z, in
 			     const float *w, int n, int n_heads, int dim, float eps);
 void sm70__cpu_sigmoid_mul(struct sm70_backend *be, void *x, const void *gate, int ld, int n,
 			   int dim);
+void sm70__cpu_moe_route(struct sm70_backend *be, const struct sm70_moe_route *route,
+			 const float *logits, int ld, int n, int n_experts, int k, int renorm);
+void sm70__cpu_moe_experts(struct sm70_backend *be, void *out, const void *x,
+			   const struct sm70_experts *gate_up, const struct sm70_experts *down,
+			   const struct sm70_moe_route *route, int n, int k, void *mid,
+			   float *part);
+void sm70__cpu_sigmoid_scale_add(struct sm70_backend *be, void *out, const void *x,
+				 const float *gate, int ld, int n, int dim);
 
 #endif
