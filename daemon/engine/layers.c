@@ -47,6 +47,7 @@ struct work {
 	void *sel_delta, *sel_y;
 	float *router;      /* f32 [T, router_ld] router logits (+ the shared expert's gate) */
 	struct sm70_moe_route route; /* [T * k] each */
+	int32_t *moe_used;  /* [n_layers] distinct experts each MoE layer read last step */
 	void *moe_mid;      /* act [T * k, moe_inter] */
 	float *moe_part;    /* f32 [T * k, H] */
 	void *sh_gate_up, *sh_mid, *sh_out; /* act: the shared expert */
@@ -103,7 +104,8 @@ static size_t carve_work(const struct sm70_model *m, int r, struct work *w)
 		w->route.order = carve(&cv, TK * sizeof(int32_t));
 		w->route.used = carve(&cv, TK * sizeof(int32_t));
 		w->route.used_first = carve(&cv, (TK + 1) * sizeof(int32_t));
-		w->route.n_used = carve(&cv, sizeof(int32_t));
+		w->route.n_used = NULL; /* per layer: moe_used + l */
+		w->moe_used = carve(&cv, (size_t)c->n_layers * sizeof(int32_t));
 		w->moe_mid = carve(&cv, TK * (size_t)rk->moe_inter * a);
 		w->moe_part = carve(&cv, TK * H * sizeof(float));
 		w->sh_gate_up = carve(&cv, T * 2 * sh * a);
@@ -241,11 +243,14 @@ static void moe_block(struct sm70_model *m, int r, int l, struct work *w)
 	const struct sm70_backend_ops *op = be->ops;
 	const struct sm70_moe_weights *E = &layer_of(m, r, l)->moe;
 	int T = rk->batch.n_tokens, H = m->cfg.hidden_size;
+	struct sm70_moe_route route = w->route;
 
+	/* each layer keeps its count of distinct experts, for the bytes a step reads */
+	route.n_used = w->moe_used + l;
 	op->matmul(be, w->router, 1, w->y, &E->router, T);
-	op->moe_route(be, &w->route, w->router, w->router_ld, T, c->n_experts, c->top_k,
+	op->moe_route(be, &route, w->router, w->router_ld, T, c->n_experts, c->top_k,
 		      c->renorm);
-	op->moe_experts(be, w->delta, w->y, &E->gate_up, &E->down, &w->route, T, c->top_k,
+	op->moe_experts(be, w->delta, w->y, &E->gate_up, &E->down, &route, T, c->top_k,
 			w->moe_mid, w->moe_part);
 	if (!c->shared_inter)
 		return;
@@ -335,6 +340,34 @@ size_t sm70__decoder_weight_bytes(const struct sm70_model *m, int r)
 		/* the experts a decode step reads are counted per step (sm70__expert_bytes) */
 	}
 	return n + WBYTES(d->lm_head);
+}
+
+size_t sm70__decoder_expert_bytes(struct sm70_model *m, int r)
+{
+	const struct sm70_decoder *d = m->rank[r].arch_state;
+	struct sm70_backend *be = m->rank[r].be;
+	int32_t *used;
+	struct work w;
+	size_t n = 0;
+
+	if (!m->cfg.moe.n_moe_layers)
+		return 0;
+	carve_work(m, r, &w);
+	used = calloc((size_t)d->n_layers, sizeof(*used));
+	if (!used || be->ops->download(be, used, w.moe_used, sizeof(*used) * d->n_layers) ||
+	    be->ops->sync(be)) {
+		free(used);
+		return 0;
+	}
+	for (int l = 0; l < d->n_layers; l++) {
+		const struct sm70_moe_weights *E = &d->layers[l].moe;
+		size_t one = ((size_t)E->gate_up.rows * E->gate_up.cols +
+			      (size_t)E->down.rows * E->down.cols) * sm70_dtype_size(E->gate_up.dtype);
+		if (m->cfg.layer_moe[l] && used[l] > 0 && used[l] <= m->cfg.moe.n_experts)
+			n += (size_t)used[l] * one;
+	}
+	free(used);
+	return n;
 }
 
 struct sm70_decoder *sm70__decoder_new(int n_layers)

@@ -96,8 +96,10 @@ int sm70__load_attention(struct sm70_model *m, int r, const struct sm70_ckpt *ck
 size_t sm70__decoder_workspace_bytes(const struct sm70_model *m, int r);
 void sm70__decoder_forward(struct sm70_model *m);
 
-/* Bytes of weights one decode step reads on rank r. */
+/* Bytes of weights one decode step reads on rank r, experts aside; and the bytes of the
+ * experts the last step read (distinct experts per MoE layer, downloaded: a sync). */
 size_t sm70__decoder_weight_bytes(const struct sm70_model *m, int r);
+size_t sm70__decoder_expert_bytes(struct sm70_model *m, int r);
 
 /* A layer-name prefix: "<prefix>layers.<l>." into buf. */
 const char *sm70__layer_prefix(char *buf, size_t n, const char *prefix, int l);

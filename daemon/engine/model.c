@@ -422,6 +422,15 @@ void sm70_model_free(struct sm70_model *m)
 	free(m);
 }
 
+size_t sm70_model_expert_bytes(struct sm70_model *m)
+{
+	size_t n = 0;
+
+	for (int r = 0; r < m->tp && m->arch->expert_bytes; r++)
+		n += m->arch->expert_bytes(m, r);
+	return n;
+}
+
 size_t sm70_model_weight_bytes(const struct sm70_model *m)
 {
 	size_t n = 0;

@@ -105,8 +105,10 @@ struct sm70_arch_ops {
 	/* Runs the step already uploaded to every rank's batch; writes f32 logits
 	 * [n_out, vocab_n] to each rank's logits (backend memory). */
 	void (*forward)(struct sm70_model *m);
-	/* Bytes of weights one decode step reads on rank r, for roofline figures. */
+	/* Bytes of weights one decode step reads on rank r, for roofline figures, without
+	 * the experts of MoE layers: those are what the last step read (NULL: none). */
 	size_t (*weight_bytes)(const struct sm70_model *m, int r);
+	size_t (*expert_bytes)(struct sm70_model *m, int r);
 };
 
 enum { SM70_FUSED_QK = 1, SM70_FUSED_SILU = 2, SM70_FUSED_ALL = 3 };
@@ -181,8 +183,10 @@ int sm70_model_forward_shards(struct sm70_model *m, const struct sm70_step *st,
  * host [vocab]. Returns 0 or -errno. */
 int sm70_model_row_logits(struct sm70_model *m, int i, float *host);
 
-/* Bytes of weights one decode step reads, over all ranks. */
+/* Bytes of weights one decode step reads, over all ranks, experts aside; and the bytes of
+ * the experts the last step read over all ranks (a download and sync of small counts). */
 size_t sm70_model_weight_bytes(const struct sm70_model *m);
+size_t sm70_model_expert_bytes(struct sm70_model *m);
 
 /* Bytes of one KV block across all attention layers (K and V). */
 size_t sm70_model_kv_block_bytes(const struct sm70_model *m);

@@ -185,4 +185,5 @@ const struct sm70_arch_ops sm70__arch_qwen3_5 = {
 	.workspace_bytes = sm70__decoder_workspace_bytes,
 	.forward = sm70__decoder_forward,
 	.weight_bytes = sm70__decoder_weight_bytes,
+	.expert_bytes = sm70__decoder_expert_bytes,
 };

@@ -124,6 +124,8 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 		/* mean context over the timed steps */
 		*step_bytes = (double)st.weight_bytes + batch * kv_tok * (ctx + warm + steps / 2.0) +
 			      batch * 2.0 * slot;
+		/* MoE: the experts the last timed step's routing read (distinct per layer) */
+		*step_bytes += (double)st.expert_bytes;
 	}
 	while (sm70_engine_busy(e))
 		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
