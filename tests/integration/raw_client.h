@@ -79,7 +79,7 @@ static inline int sm70t_raw_start(struct sm70t_raw *c, const char *path, uint32_
 	h.magic = SM70_PROTO_MAGIC;
 	h.type = SM70_PROTO_MSG_HELLO;
 	h.version_major = SM70_PROTO_VERSION_MAJOR;
-	h.version_minor = SM70_PROTO_VERSION_MINOR;
+	h.version_minor = 0; /* this client implements 1.0 */
 	h.eq_entries = want_eq;
 	snprintf(h.client_name, sizeof(h.client_name), "sm70t_raw");
 	if (send(c->sock, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h))
@@ -108,13 +108,20 @@ static inline int sm70t_raw_finish(struct sm70t_raw *c, int timeout_ms)
 	int fds[SM70_PROTO_N_FDS], memfd;
 	ssize_t n;
 
-	if (poll(&p, 1, timeout_ms) != 1)
-		return -ETIMEDOUT;
-	n = recvmsg(c->sock, &msg, MSG_CMSG_CLOEXEC);
-	if (n == 0)
-		return -EPIPE;
-	if (n < 16 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
-		return -EPROTO;
+	for (;;) {
+		if (poll(&p, 1, timeout_ms) != 1)
+			return -ETIMEDOUT;
+		msg.msg_controllen = sizeof(ctl.b);
+		n = recvmsg(c->sock, &msg, MSG_CMSG_CLOEXEC);
+		if (n == 0)
+			return -EPIPE;
+		if (n < 16 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
+			return -EPROTO;
+		/* a later minor may say more before its answer (no fds): wait on */
+		if (((struct sm70_proto_refusal *)buf)->type == SM70_PROTO_MSG_WELCOME ||
+		    ((struct sm70_proto_refusal *)buf)->type == SM70_PROTO_MSG_REFUSAL)
+			break;
+	}
 	if (((struct sm70_proto_refusal *)buf)->type == SM70_PROTO_MSG_REFUSAL) {
 		memcpy(&c->refusal, buf, sizeof(c->refusal));
 		return 1;
