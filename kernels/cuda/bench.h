@@ -82,16 +82,18 @@ struct sm70__bench_gdn_decode {
 /* One GDN layer's decode update (the gdn op) for `batch` sequences in separate state slots,
  * n_k_heads / n_v_heads heads of k_dim / v_dim, every token mid-sequence (the state is
  * read and written). State copies rotate so that no launch finds its state in L2. cols:
- * 0 for the op's own choice of value columns per block, 16 or 32 to force one.
- * Returns 0 or -errno. */
+ * 0 for the op's own choice of value columns per block, 16, 32 or 64 to force one; hints:
+ * -1 for the op's default, 0 plain state accesses, 1 streaming cache hints (see
+ * sm70__cuda_gdn_tune). Returns 0 or -errno. */
 int sm70__bench_gdn_decode(int n_k_heads, int n_v_heads, int k_dim, int v_dim, int batch,
-			   int cols, int iters, struct sm70__bench_gdn_decode *out);
+			   int cols, int hints, int iters, struct sm70__bench_gdn_decode *out);
 
 struct sm70__bench_gdn_prefill {
 	double us_chunked;   /* one gdn call over one chunk of `tokens` tokens, chunked form */
 	double us_recurrent; /* the same call with chunked = 0: the recurrence in one launch */
 	double us_tokens;    /* `tokens` one-token decode calls in order, replayed from a graph */
-	double max_rel;      /* chunked vs recurrent, max |diff| / max |ref| over out and state */
+	double rel_out;      /* chunked vs recurrent: max |diff| / max |ref| over out (f16) */
+	double rel_state;    /* the same over the final f32 state */
 };
 
 /* A `tokens`-token prompt through the gdn op of one layer, from a state left by earlier

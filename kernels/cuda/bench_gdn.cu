@@ -200,7 +200,7 @@ static int gb_decode_graph(void *ctx)
 }
 
 extern "C" int sm70__bench_gdn_decode(int n_k_heads, int n_v_heads, int k_dim, int v_dim,
-				      int batch, int cols, int iters,
+				      int batch, int cols, int hints, int iters,
 				      struct sm70__bench_gdn_decode *out)
 {
 	struct sm70_backend *be = sm70__bench_backend();
@@ -249,7 +249,7 @@ extern "C" int sm70__bench_gdn_decode(int n_k_heads, int n_v_heads, int k_dim, i
 					       .tok_slot = ints, .block_tables = ints, .n_out = 0,
 					       .out_rows = NULL, .n_decode = batch, .n_chunks = 0,
 					       .seq_state = ints + (2 + k) * batch };
-	sm70__cuda_gdn_tune(cols);
+	sm70__cuda_gdn_tune(cols, hints);
 	ret = gb_time(be, gb_decode_eager, d, d->per, iters, &out->us_eager);
 	if (ret)
 		goto out;
@@ -264,7 +264,7 @@ extern "C" int sm70__bench_gdn_decode(int n_k_heads, int n_v_heads, int k_dim, i
 	ret = gb_time(be, gb_decode_graph, d, d->per, iters, &out->us);
 	out->bytes = 2.0 * batch * per_slot;
 out:
-	sm70__cuda_gdn_tune(0);
+	sm70__cuda_gdn_tune(0, -1);
 	if (c)
 		cudaStreamSynchronize(c->stream);
 	if (d && d->graph)
@@ -402,12 +402,8 @@ extern "C" int sm70__bench_gdn_prefill(int n_k_heads, int n_v_heads, int k_dim, 
 		GCHECK(cudaStreamSynchronize(c->stream));
 		gb_half_to_float(res[k], o16, n_out);
 	}
-	{
-		const double ro = gb_rel(res[0], res[1], n_out);
-		const double rs = gb_rel(res[0] + n_out, res[1] + n_out, per_slot);
-
-		out->max_rel = ro > rs ? ro : rs;
-	}
+	out->rel_out = gb_rel(res[0], res[1], n_out);
+	out->rel_state = gb_rel(res[0] + n_out, res[1] + n_out, per_slot);
 
 	p->chunked = 1;
 	ret = gb_time(be, gb_prefill_chunk, p, 1, iters, &out->us_chunked);

@@ -60,10 +60,11 @@ void sm70__cuda_gdn(struct sm70_backend *be, void *out, const void *qkv, const v
 		    int ba_ld, const float *a_log, const float *dt_bias,
 		    const struct sm70_state_layer *st, const struct sm70_state_layout *lay,
 		    const struct sm70_batch *b, int chunked);
-/* Benchmark hook (sm70-bench gdn): value columns per block of the gdn recurrence kernel,
- * 16 or 32, or 0 (the default) for the launcher's own choice. Process-wide, not
+/* Benchmark hook (sm70-bench gdn) for the gdn recurrence kernel: cols, its value columns
+ * per block (16, 32 or 64; 0, the default: the launcher's own choice); hints, streaming
+ * cache hints on the state (1), plain accesses (0), or the default (-1). Process-wide, not
  * thread-safe; the engine never calls it. */
-void sm70__cuda_gdn_tune(int cols);
+void sm70__cuda_gdn_tune(int cols, int hints);
 void sm70__cuda_gated_rmsnorm(struct sm70_backend *be, void *x, const void *z, int z_ld,
 			      const float *w, int n, int n_heads, int dim, float eps);
 void sm70__cuda_sigmoid_mul(struct sm70_backend *be, void *x, const void *gate, int ld, int n,

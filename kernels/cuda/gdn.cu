@@ -9,11 +9,13 @@
  * shared between blocks.
  *
  * Recurrence (decodes; prefill chunks too when chunked is 0 or the chunked kernel does not
- * apply). 128 threads own a band of J = 32 (or 16) columns: lane (ir, jq) of warp w holds
+ * apply). 128 threads own a band of J = 16, 32 or 64 columns: lane (ir, jq) of warp w holds
  * four consecutive columns (a float4) of rows r * 4 RW + w * RW + ir, so one warp access
  * reads RW whole row segments, and the band's state sits in registers (32 floats a thread
  * at k_dim 128) while the block walks the segment's tokens: the state is read and written
- * once per segment, which is once per token for a decode. Per token, warps 0 and 1
+ * once per segment, which is once per token for a decode; the state's loads go out before
+ * anything else (a reset at position 0 discards what came), and a chunk's next token's
+ * inputs load while the current one computes. Per token, warps 0 and 1
  * L2-normalise k and q into shared memory and warp 2 makes beta and exp(g); the dots over
  * rows reduce with shuffles inside a warp, then across the four warps through shared
  * memory. Bandwidth-bound on the state: Qwen3.5-27B's layer is 48 heads of 128 x 128,
@@ -34,8 +36,11 @@
  * q and k stay as their f16 input in shared memory (exact) with their f32 norms as row
  * scalars; Q K^T and K K^T are f16 x f16 products with f32 accumulation on WMMA
  * (exact products, as f32 FMA would give); Q S0, K S0, the solve, O and S1 are f32
- * FMA. (I + L) Y = X is solved by forward substitution in place, each warp owning four
- * columns, so its 64 steps need only __syncwarp. Shared memory: 86.75 KiB at k_dim 128
+ * FMA. (I + L) Y = X is solved by forward substitution in registers, each warp owning
+ * four columns and each lane two rows: a step is a shuffle broadcast of the finished row
+ * and one FMA per held value, with L stored transposed so that a step's loads are
+ * consecutive words. Every load of a piece's inputs is issued before the first is
+ * used. Shared memory: 86.75 KiB at k_dim 128
  * (fits a V100's 96 KiB); two blocks fit an SM of 228 KiB.
  *
  * Slots: the segment's first token names its sequence's slot; a first token at position 0
@@ -74,11 +79,12 @@ struct gdn_args {
 	float q_scale;
 };
 
-static int gdn_tune_cols; /* sm70__cuda_gdn_tune */
+static int gdn_tune_cols, gdn_tune_hints = -1; /* sm70__cuda_gdn_tune */
 
-extern "C" void sm70__cuda_gdn_tune(int cols)
+extern "C" void sm70__cuda_gdn_tune(int cols, int hints)
 {
 	gdn_tune_cols = cols;
+	gdn_tune_hints = hints;
 }
 
 /* The state slot of token t, or -1 when its sequence or slot is out of range. */
@@ -92,13 +98,12 @@ static __device__ __forceinline__ int gdn_slot(const struct gdn_args &a, int t)
 	return slot < 0 || slot > a.n_slots ? -1 : slot;
 }
 
-/* beta = sigmoid(b) and the log-decay g = -exp(a_log) * softplus(a + dt_bias). */
-static __device__ __forceinline__ void gdn_gate(const struct gdn_args &a, int t, int h,
-						float *beta, float *g)
+/* beta = sigmoid(b) and the log-decay g = -exp(a_log) * softplus(a + dt_bias), from the
+ * token's raw b and a of head h. */
+static __device__ __forceinline__ void gdn_gate(const struct gdn_args &a, float bv, float av,
+						int h, float *beta, float *g)
 {
-	const __half *r = a.ba + (size_t)t * a.ba_ld;
-	const float bv = __half2float(r[h]);
-	const float x = __half2float(r[a.n_v + h]) + a.dt_bias[h];
+	const float x = av + a.dt_bias[h];
 	const float sp = x > 20.0f ? x : log1pf(expf(x));
 
 	*beta = 1.0f / (1.0f + expf(-bv));
@@ -118,32 +123,46 @@ static __device__ __forceinline__ void gdn_segment(const struct gdn_args &a, int
 	}
 }
 
-/* One warp: dst[0..DK) = src * rsqrt(sum(src^2) + eps) * scale (scale 1: no multiply). */
-template <int DK>
-static __device__ __forceinline__ void gdn_stage(const __half *src, float *dst, float scale,
-						 int lane)
-{
-	float v[DK / 32], ss = 0.0f, inv;
-
-#pragma unroll
-	for (int e = 0; e < DK / 32; e++) {
-		v[e] = __half2float(src[lane + 32 * e]);
-		ss += v[e] * v[e];
-	}
-	ss = sm70__warp_sum(ss);
-	inv = 1.0f / sqrtf(ss + L2_EPS);
-#pragma unroll
-	for (int e = 0; e < DK / 32; e++)
-		dst[lane + 32 * e] = scale == 1.0f ? v[e] * inv : (v[e] * inv) * scale;
-}
-
 /* ---- the recurrence -------------------------------------------------------------------- */
+
+/* What one token gives a thread of the recurrence, read one token ahead: warps 0 and 1 the
+ * raw k and q values of their lanes, warp 2 lane 0 the raw b and a, every thread its four
+ * v values. */
+template <int DK>
+struct rec_in {
+	float x[DK / 32];
+	uint2 v;
+	float b, a;
+};
+
+template <int DK>
+static __device__ __forceinline__ void rec_fetch(const struct gdn_args &a, int t, int w, int lane,
+						 int kh, int h, int j0, struct rec_in<DK> *in)
+{
+	const __half *row = a.qkv + (size_t)t * a.conv_dim;
+	const int kd = a.n_k * DK;
+
+	if (w < 2) {
+		const __half *src = row + (w == 0 ? kd : 0) + kh * DK;
+
+#pragma unroll
+		for (int e = 0; e < DK / 32; e++)
+			in->x[e] = __half2float(src[lane + 32 * e]);
+	} else if (w == 2 && lane == 0) {
+		const __half *r = a.ba + (size_t)t * a.ba_ld;
+
+		in->b = __half2float(r[h]);
+		in->a = __half2float(r[a.n_v + h]);
+	}
+	in->v = *(const uint2 *)(row + 2 * kd + h * a.dv + j0);
+}
 
 /*
  * grid (v_dim / J, n_v, segments), or (v_dim / J, n_v, 1) with serial set: then the block
- * runs every token of the batch in order, each as its own segment.
+ * runs every token of the batch in order, each as its own segment. CS: streaming cache
+ * hints on the state's loads and stores (it is read and written once).
  */
-template <int DK, int JQ>
+template <int DK, int JQ, bool CS>
 static __global__ void __launch_bounds__(REC_THREADS)
 	gdn_rec_kernel(struct gdn_args a, int serial)
 {
@@ -156,11 +175,11 @@ static __global__ void __launch_bounds__(REC_THREADS)
 	const int ir = lane / JQ, jq = lane % JQ;
 	const int h = blockIdx.y, kh = h / a.ratio;
 	const int j0 = blockIdx.x * J + jq * 4;
-	const int kd = a.n_k * DK; /* where k starts in a qkv row; v at 2 kd */
 	const int n_units = serial ? a.n_tokens : 1;
 	float4 s[R];
 
 	for (int u = 0; u < n_units; u++) {
+		struct rec_in<DK> in;
 		int first, len, slot;
 		float *S;
 
@@ -173,39 +192,59 @@ static __global__ void __launch_bounds__(REC_THREADS)
 		slot = gdn_slot(a, first);
 		if (slot < 0)
 			continue; /* the whole block: no barrier is split */
+		/* the state first (the longest wait), whatever the position: a reset only
+		 * discards it */
 		S = a.ssm + ((size_t)slot * a.n_v + h) * DK * a.dv + j0;
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			const float4 *p = (const float4 *)(S + (size_t)(r * 4 * RW + w * RW + ir) * a.dv);
+
+			s[r] = CS ? __ldcs(p) : *p;
+		}
+		rec_fetch<DK>(a, first, w, lane, kh, h, j0, &in);
 		if (a.tok_pos[first] == 0) {
 #pragma unroll
 			for (int r = 0; r < R; r++)
 				s[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-		} else {
-#pragma unroll
-			for (int r = 0; r < R; r++)
-				s[r] = *(const float4 *)(S + (size_t)(r * 4 * RW + w * RW + ir) * a.dv);
 		}
 		for (int t = first; t < first + len; t++) {
-			const __half *row = a.qkv + (size_t)t * a.conv_dim;
 			float v[4], m[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, o[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
 			float beta, eg;
 
-			if (w == 0) {
-				gdn_stage<DK>(row + kd + kh * DK, ks, 1.0f, lane);
-			} else if (w == 1) {
-				gdn_stage<DK>(row + kh * DK, qs, a.q_scale, lane);
-			} else if (w == 2 && lane == 0) {
-				float g;
+			if (w < 2) {
+				/* k (warp 0) or q (warp 1): L2-normalised into shared memory */
+				float ss = 0.0f, inv;
 
-				gdn_gate(a, t, h, &beta, &g);
-				gsh[0] = beta;
+#pragma unroll
+				for (int e = 0; e < DK / 32; e++)
+					ss += in.x[e] * in.x[e];
+				ss = sm70__warp_sum(ss);
+				inv = 1.0f / sqrtf(ss + L2_EPS);
+				if (w == 0) {
+#pragma unroll
+					for (int e = 0; e < DK / 32; e++)
+						ks[lane + 32 * e] = in.x[e] * inv;
+				} else {
+#pragma unroll
+					for (int e = 0; e < DK / 32; e++)
+						qs[lane + 32 * e] = (in.x[e] * inv) * a.q_scale;
+				}
+			} else if (w == 2 && lane == 0) {
+				float b, g;
+
+				gdn_gate(a, in.b, in.a, h, &b, &g);
+				gsh[0] = b;
 				gsh[1] = expf(g);
 			}
 			{
-				uint2 raw = *(const uint2 *)(row + 2 * kd + h * a.dv + j0);
-				float2 lo = __half22float2(*(const __half2 *)&raw.x);
-				float2 hi = __half22float2(*(const __half2 *)&raw.y);
+				const float2 lo = __half22float2(*(const __half2 *)&in.v.x);
+				const float2 hi = __half22float2(*(const __half2 *)&in.v.y);
 
 				v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
 			}
+			/* the next token's inputs load while this one computes */
+			if (t + 1 < first + len)
+				rec_fetch<DK>(a, t + 1, w, lane, kh, h, j0, &in);
 			__syncthreads(); /* ks, qs, gsh ready */
 			beta = gsh[0];
 			eg = gsh[1];
@@ -269,8 +308,14 @@ static __global__ void __launch_bounds__(REC_THREADS)
 			}
 		}
 #pragma unroll
-		for (int r = 0; r < R; r++)
-			*(float4 *)(S + (size_t)(r * 4 * RW + w * RW + ir) * a.dv) = s[r];
+		for (int r = 0; r < R; r++) {
+			float4 *p = (float4 *)(S + (size_t)(r * 4 * RW + w * RW + ir) * a.dv);
+
+			if (CS)
+				__stcs(p, s[r]);
+			else
+				*p = s[r];
+		}
 	}
 }
 
@@ -349,44 +394,59 @@ static __global__ void __launch_bounds__(CH_THREADS) gdn_chunk_kernel(struct gdn
 		float acc[4][4];
 
 		__syncthreads(); /* the last piece is done with every buffer */
-		/* P1: raw q, k rows (zeros past n), v band into X, gates */
-		for (int idx = tid; idx < 2 * CH * (DK / 8); idx += CH_THREADS) {
-			const int mat = idx / (CH * (DK / 8)), rem = idx % (CH * (DK / 8));
-			const int c = rem / (DK / 8), part = rem % (DK / 8);
-			uint4 val = make_uint4(0u, 0u, 0u, 0u);
-
-			if (c < n)
-				val = *(const uint4 *)(a.qkv + (size_t)(t0 + c) * a.conv_dim +
-						       (mat ? kd : 0) + kh * DK + part * 8);
-			*(uint4 *)((mat ? Kh : Qh) + c * L_::KH_LD + part * 8) = val;
-		}
+		/* P1: raw q, k rows (zeros past n), v band into X, gates; every load of the
+		 * piece is issued before the first store */
 		{
-			const int c = tid / 4, part = tid % 4; /* CH * CJ / 8 == CH_THREADS */
-			float f[8] = { 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f };
+			constexpr int NQK = 2 * CH * (DK / 8) / CH_THREADS;
+			const int vc = tid / 4, vp = tid % 4; /* CH * CJ / 8 == CH_THREADS */
+			uint4 qk[NQK], vv = make_uint4(0u, 0u, 0u, 0u);
+			float bv = 0.0f, av = 0.0f;
 
-			if (c < n) {
-				uint4 raw = *(const uint4 *)(a.qkv + (size_t)(t0 + c) * a.conv_dim +
-							     2 * kd + h * a.dv + jb + part * 8);
-				const __half2 *h2 = (const __half2 *)&raw;
+#pragma unroll
+			for (int it = 0; it < NQK; it++) {
+				const int idx = tid + it * CH_THREADS;
+				const int mat = idx / (CH * (DK / 8)), rem = idx % (CH * (DK / 8));
+				const int c = rem / (DK / 8), part = rem % (DK / 8);
 
-				for (int e = 0; e < 4; e++) {
-					float2 p = __half22float2(h2[e]);
-
-					f[2 * e] = p.x;
-					f[2 * e + 1] = p.y;
-				}
+				qk[it] = make_uint4(0u, 0u, 0u, 0u);
+				if (c < n)
+					qk[it] = *(const uint4 *)(a.qkv + (size_t)(t0 + c) * a.conv_dim +
+								  (mat ? kd : 0) + kh * DK + part * 8);
 			}
-			*(float4 *)(X + c * L_::PX_LD + part * 8) = make_float4(f[0], f[1], f[2], f[3]);
-			*(float4 *)(X + c * L_::PX_LD + part * 8 + 4) =
-				make_float4(f[4], f[5], f[6], f[7]);
-		}
-		if (tid < CH) {
-			float b = 0.0f, g = 0.0f;
+			if (vc < n)
+				vv = *(const uint4 *)(a.qkv + (size_t)(t0 + vc) * a.conv_dim + 2 * kd +
+						      h * a.dv + jb + vp * 8);
+			if (tid < n) {
+				const __half *r = a.ba + (size_t)(t0 + tid) * a.ba_ld;
 
-			if (tid < n)
-				gdn_gate(a, t0 + tid, h, &b, &g);
-			bt[tid] = b;
-			G[tid] = g; /* the cumulative sum comes in P2 */
+				bv = __half2float(r[h]);
+				av = __half2float(r[a.n_v + h]);
+			}
+#pragma unroll
+			for (int it = 0; it < NQK; it++) {
+				const int idx = tid + it * CH_THREADS;
+				const int mat = idx / (CH * (DK / 8)), rem = idx % (CH * (DK / 8));
+				const int c = rem / (DK / 8), part = rem % (DK / 8);
+
+				*(uint4 *)((mat ? Kh : Qh) + c * L_::KH_LD + part * 8) = qk[it];
+			}
+			{
+				const __half2 *h2 = (const __half2 *)&vv;
+				const float2 p0 = __half22float2(h2[0]), p1 = __half22float2(h2[1]);
+				const float2 p2 = __half22float2(h2[2]), p3 = __half22float2(h2[3]);
+
+				*(float4 *)(X + vc * L_::PX_LD + vp * 8) = make_float4(p0.x, p0.y, p1.x, p1.y);
+				*(float4 *)(X + vc * L_::PX_LD + vp * 8 + 4) =
+					make_float4(p2.x, p2.y, p3.x, p3.y);
+			}
+			if (tid < CH) {
+				float b = 0.0f, g = 0.0f;
+
+				if (tid < n)
+					gdn_gate(a, bv, av, h, &b, &g);
+				bt[tid] = b;
+				G[tid] = g; /* the cumulative sum comes in P2 */
+			}
 		}
 		__syncthreads();
 
@@ -489,8 +549,10 @@ static __global__ void __launch_bounds__(CH_THREADS) gdn_chunk_kernel(struct gdn
 			if (k >= 10)
 				continue;
 			lower_tile(k, &tr, &tc);
-			wmma::store_matrix_sync(Lm + tr * 16 * L_::A_LD + tc * 16, kk[idx], L_::A_LD,
-						wmma::mem_row_major);
+			/* transposed: Lm[c'][c] = L[c][c'], so that P5's lanes (rows c) read a
+			 * column of L as consecutive words */
+			wmma::store_matrix_sync(Lm + tc * 16 * L_::A_LD + tr * 16, kk[idx], L_::A_LD,
+						wmma::mem_col_major);
 		}
 		{
 			const int t = tid & 127, cg = t & 7, rg = t >> 3;
@@ -524,30 +586,45 @@ static __global__ void __launch_bounds__(CH_THREADS) gdn_chunk_kernel(struct gdn
 
 		/* P4: L scaled (strictly lower part; the rest is never read) */
 		for (int idx = tid; idx < CH * CH; idx += CH_THREADS) {
-			const int c = idx / CH, cp = idx % CH;
+			const int cp = idx / CH, c = idx % CH;
 
-			if (cp < c)
-				Lm[c * L_::A_LD + cp] *=
+			if (c > cp)
+				Lm[cp * L_::A_LD + c] *=
 					bt[c] * kn[c] * kn[cp] * expf((float)(G[c] - G[cp]));
 		}
 		__syncthreads();
 
-		/* P5: (I + L) Y = X in place; warp w owns columns 4w..4w+3, 8 lanes each */
+		/* P5: (I + L) Y = X by forward substitution in registers: warp w owns
+		 * columns 4w..4w+3, lane l rows l and l + 32; row cp, final once its turn
+		 * comes, is broadcast by shuffle and taken off every later row */
 		{
-			const int col = 4 * w + (lane >> 3), part = lane & 7;
+			float x0[4], x1[4];
+			float4 r0 = *(const float4 *)(X + lane * L_::PX_LD + 4 * w);
+			float4 r1 = *(const float4 *)(X + (lane + 32) * L_::PX_LD + 4 * w);
 
-			for (int c = 1; c < n; c++) {
-				float sum = 0.0f;
+			x0[0] = r0.x, x0[1] = r0.y, x0[2] = r0.z, x0[3] = r0.w;
+			x1[0] = r1.x, x1[1] = r1.y, x1[2] = r1.z, x1[3] = r1.w;
+			for (int cp = 0; cp + 1 < n; cp++) {
+				const float l0 = Lm[cp * L_::A_LD + lane];
+				const float l1 = Lm[cp * L_::A_LD + lane + 32];
+				float y[4];
 
-				for (int cp = part; cp < c; cp += 8)
-					sum += Lm[c * L_::A_LD + cp] * X[cp * L_::PX_LD + col];
-				sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-				sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-				sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-				if (part == 0)
-					X[c * L_::PX_LD + col] -= sum;
-				__syncwarp();
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					y[e] = __shfl_sync(0xffffffffu, cp < 32 ? x0[e] : x1[e], cp & 31);
+				if (lane > cp)
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+						x0[e] -= l0 * y[e];
+				if (lane + 32 > cp)
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+						x1[e] -= l1 * y[e];
 			}
+			r0 = make_float4(x0[0], x0[1], x0[2], x0[3]);
+			r1 = make_float4(x1[0], x1[1], x1[2], x1[3]);
+			*(float4 *)(X + lane * L_::PX_LD + 4 * w) = r0;
+			*(float4 *)(X + (lane + 32) * L_::PX_LD + 4 * w) = r1;
 		}
 		__syncthreads();
 
@@ -620,14 +697,22 @@ static __global__ void __launch_bounds__(CH_THREADS) gdn_chunk_kernel(struct gdn
 
 template <int DK>
 static void rec_launch(struct sm70__cuda *c, const struct gdn_args &a, int cols, int segs,
-		       int serial)
+		       int serial, int cs)
 {
 	const dim3 grid((unsigned)(a.dv / cols), (unsigned)a.n_v, (unsigned)(serial ? 1 : segs));
 
-	if (cols == 16)
-		gdn_rec_kernel<DK, 4><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
+	if (cols == 16 && cs)
+		gdn_rec_kernel<DK, 4, true><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
+	else if (cols == 16)
+		gdn_rec_kernel<DK, 4, false><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
+	else if (cols == 64 && cs)
+		gdn_rec_kernel<DK, 16, true><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
+	else if (cols == 64)
+		gdn_rec_kernel<DK, 16, false><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
+	else if (cs)
+		gdn_rec_kernel<DK, 8, true><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
 	else
-		gdn_rec_kernel<DK, 8><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
+		gdn_rec_kernel<DK, 8, false><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
 	SM70_CUDA_LAUNCHED(&c->be, "gdn_rec_kernel");
 }
 
@@ -661,13 +746,13 @@ static int chunk_dispatch(struct sm70__cuda *c, const struct gdn_args &a, int dk
 }
 
 static void rec_dispatch(struct sm70__cuda *c, const struct gdn_args &a, int dk, int cols,
-			 int segs, int serial)
+			 int segs, int serial, int cs)
 {
 	switch (dk) {
-	case 32: rec_launch<32>(c, a, cols, segs, serial); break;
-	case 64: rec_launch<64>(c, a, cols, segs, serial); break;
-	case 128: rec_launch<128>(c, a, cols, segs, serial); break;
-	default: rec_launch<256>(c, a, cols, segs, serial); break;
+	case 32: rec_launch<32>(c, a, cols, segs, serial, cs); break;
+	case 64: rec_launch<64>(c, a, cols, segs, serial, cs); break;
+	case 128: rec_launch<128>(c, a, cols, segs, serial, cs); break;
+	default: rec_launch<256>(c, a, cols, segs, serial, cs); break;
 	}
 }
 
@@ -687,7 +772,7 @@ extern "C" void sm70__cuda_gdn(struct sm70_backend *be, void *out, const void *q
 {
 	struct sm70__cuda *c = sm70__cuda_enter(be);
 	const int dk = lay->k_dim, dv = lay->v_dim;
-	int covered = b->n_decode, shaped, cols, segs;
+	int covered = b->n_decode, shaped, cols, segs, cs;
 	struct gdn_args a;
 	long bands32;
 
@@ -720,8 +805,10 @@ extern "C" void sm70__cuda_gdn(struct sm70_backend *be, void *out, const void *q
 			       b->seq_state, b->n_seqs, b->n_tokens, b->chunk_first,
 			       b->chunk_len, shaped ? b->n_decode : 0,
 			       (float)(1.0 / sqrt((double)dk)) };
+	/* streaming hints by default: never slower in sm70-bench gdn, up to 1.5x faster */
+	cs = gdn_tune_hints >= 0 ? gdn_tune_hints : 1;
 	if (!shaped) {
-		rec_dispatch(c, a, dk, dv % 32 ? 16 : 32, 1, 1);
+		rec_dispatch(c, a, dk, dv % 32 ? 16 : 32, 1, 1, cs);
 		return;
 	}
 	segs = b->n_decode + b->n_chunks;
@@ -735,10 +822,18 @@ extern "C" void sm70__cuda_gdn(struct sm70_backend *be, void *out, const void *q
 	}
 	if (segs == 0)
 		return;
-	/* 16-column bands when 32-column ones would leave the GPU short of two blocks per SM */
+	/* The widest band that still gives every SM two blocks: 16 columns below that (B1 on
+	 * the 27B shape), 64 (256-byte row segments) from B4 or so; measured on an H200 by
+	 * sm70-bench gdn */
 	bands32 = (long)(dv / 32) * lay->n_v_heads * segs;
-	cols = dv % 32 || bands32 < 2L * c->n_sm ? 16 : 32;
-	if (gdn_tune_cols == 16 || (gdn_tune_cols == 32 && dv % 32 == 0))
+	if (dv % 32 || bands32 < 2L * c->n_sm)
+		cols = 16;
+	else if (dv % 64 == 0 && bands32 / 2 >= 2L * c->n_sm)
+		cols = 64;
+	else
+		cols = 32;
+	if (gdn_tune_cols == 16 || (gdn_tune_cols == 32 && dv % 32 == 0) ||
+	    (gdn_tune_cols == 64 && dv % 64 == 0))
 		cols = gdn_tune_cols;
-	rec_dispatch(c, a, dk, cols, segs, 0);
+	rec_dispatch(c, a, dk, cols, segs, 0, cs);
 }

@@ -13,7 +13,7 @@ struct sm70_backend *sm70__bench_backend(void)
 }
 
 int sm70__bench_gdn_decode(int n_k_heads, int n_v_heads, int k_dim, int v_dim, int batch,
-			   int cols, int iters, struct sm70__bench_gdn_decode *out)
+			   int cols, int hints, int iters, struct sm70__bench_gdn_decode *out)
 {
 	return -ENODEV;
 }

@@ -15,6 +15,7 @@
 
 #include "common/dtype.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_ops.h"
 
 #define GPU_TEST_SEED 0x9d7a11e5c0ffeeULL
 #include "tests/gpu/gpu_test.h"
@@ -364,6 +365,45 @@ static void test_gdn_27b(void **state)
 	free_layer(&g);
 }
 
+/* Every band width and cache-hint variant of the recurrence kernel (sm70-bench gdn times
+ * them all; the launcher picks one by batch size) on the 27B shape. */
+static void test_gdn_variants(void **state)
+{
+	static const int variants[][2] = { { 16, 0 }, { 16, 1 }, { 32, 0 }, { 32, 1 },
+					   { 64, 0 }, { 64, 1 } };
+	struct gdn_layer g = mk_layer(4, 16, 48, 128, 128);
+	const struct sm70_state_layout *l = &g.lay;
+	const struct seqspec step[] = { { 0, 100, 1 }, { 1, 0, 1 }, { 2, 5, 1 }, { 3, 9, 33 } };
+	const size_t n_st = state_floats(l);
+	float *s0 = mk_state(l, 1), *cs = fvec(n_st), *gs = fvec(n_st), *qkv, *ba, *oc, *og;
+	struct hbatch hb;
+	size_t n_out;
+
+	hb_make(&hb, step, 3, 1, 1);
+	n_out = (size_t)hb.n_tokens * l->n_v_heads * l->v_dim;
+	oc = fvec(n_out);
+	og = fvec(n_out);
+	mk_inputs(&g, hb.n_tokens, &qkv, &ba);
+	memcpy(cs, s0, n_st * 4);
+	gdn_once(cpu, &g, &hb, qkv, ba, cs, oc, 0);
+	for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
+		char what[96];
+
+		memcpy(gs, s0, n_st * 4);
+		sm70__cuda_gdn_tune(variants[v][0], variants[v][1]);
+		gdn_once(gpu, &g, &hb, qkv, ba, gs, og, 0);
+		sm70__cuda_gdn_tune(0, -1);
+		snprintf(what, sizeof(what), "gdn 27B %d-col%s out vs cpu", variants[v][0],
+			 variants[v][1] ? " cs" : "");
+		compare_values(what, og, oc, n_out, TOL_F16_OUT);
+		snprintf(what, sizeof(what), "gdn 27B %d-col%s state vs cpu", variants[v][0],
+			 variants[v][1] ? " cs" : "");
+		compare_values(what, gs, cs, n_st, TOL_STATE);
+	}
+	free(s0), free(cs), free(gs), free(qkv), free(ba), free(oc), free(og);
+	free_layer(&g);
+}
+
 /* A batch without the decode/chunk shape: two sequences interleaved token by token. */
 static void test_gdn_unshaped(void **state)
 {
@@ -679,6 +719,7 @@ int main(void)
 		cmocka_unit_test(test_sigmoid_mul),
 		cmocka_unit_test(test_gdn_small),
 		cmocka_unit_test(test_gdn_27b),
+		cmocka_unit_test(test_gdn_variants),
 		cmocka_unit_test(test_gdn_unshaped),
 		cmocka_unit_test(test_graph_replay),
 	};
