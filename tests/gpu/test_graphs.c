@@ -1,7 +1,9 @@
 /*
  * test_graphs - decode steps replayed as CUDA graphs give what eager execution gives:
  * the same greedy and seeded tokens and logprobs within 1e-3, for batches that pad (3, 5
- * sequences) and contexts that cross bucket boundaries; and graphs are really used.
+ * sequences) and contexts that cross bucket boundaries; and graphs are really used. On a
+ * dense model, a hybrid one (DeltaNet state slots; padding rows use the scratch slot) and
+ * a hybrid MoE one (routing read from device memory at every replay).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,7 +17,11 @@
 
 #include "daemon/engine/engine.h"
 
-#define MODEL "tests/fixtures/qwen3-gqa6-d256-long"
+static const char *const models[] = {
+	"tests/fixtures/qwen3-gqa6-d256-long",
+	"tests/fixtures/qwen3_5-gqa6-d256-hybrid",
+	"tests/fixtures/qwen3_5_moe-e16k4-shared",
+};
 #define NREQ 5
 #define NTOK 40
 
@@ -37,7 +43,8 @@ static void on_event(void *ctx, const struct sm70_event *ev)
 		}
 }
 
-static int run(int graphs, int n_req, struct out *o, struct sm70_engine_stats *st)
+static int run(const char *model, int graphs, int n_req, struct out *o,
+	       struct sm70_engine_stats *st)
 {
 	struct sm70_engine_opts eo;
 	struct sm70_engine *e = NULL;
@@ -48,14 +55,14 @@ static int run(int graphs, int n_req, struct out *o, struct sm70_engine_stats *s
 	setenv("SM70_GRAPHS", graphs ? "1" : "0", 1);
 	sm70_engine_opts_default(&eo);
 	eo.backend = "cuda";
-	ret = sm70_engine_open(&e, MODEL, &eo, &err);
+	ret = sm70_engine_open(&e, model, &eo, &err);
 	if (ret) {
-		printf("SKIP: cannot open the CUDA engine (%s)\n", err.msg);
+		printf("SKIP: cannot open the CUDA engine on %s (%s)\n", model, err.msg);
 		return -1;
 	}
 	memset(o, 0, sizeof(*o));
 	for (int i = 0; i < 600; i++)
-		prompt[i] = (i * 131 + 7) % 1000;
+		prompt[i] = (i * 131 + 7) % sm70_engine_model_config(e)->vocab_size;
 	for (int r = 0; r < n_req; r++) {
 		/* lengths 480..., so decoding crosses the 512-token bucket boundary */
 		struct sm70_request q = {
@@ -79,10 +86,11 @@ static void test_graph_equals_eager(void **state)
 	struct sm70_engine_stats se, sg;
 	int counts[2] = { 3, 5 };
 
-	for (int c = 0; c < 2; c++) {
-		int n = counts[c];
+	for (int c = 0; c < 6; c++) {
+		const char *model = models[c / 2];
+		int n = counts[c % 2];
 		double worst = 0;
-		if (run(0, n, &eager, &se) || run(1, n, &graph, &sg))
+		if (run(model, 0, n, &eager, &se) || run(model, 1, n, &graph, &sg))
 			skip();
 		assert_int_equal(se.graph_replays, 0);
 		assert_true(sg.graph_replays > 0);
@@ -95,8 +103,9 @@ static void test_graph_equals_eager(void **state)
 					worst = d;
 			}
 		}
-		printf("%d sequences: %llu graph replays (%llu captures), tokens equal to eager, "
-		       "worst logprob diff %.2e\n", n, (unsigned long long)sg.graph_replays,
+		printf("%s, %d sequences: %llu graph replays (%llu captures), tokens equal to "
+		       "eager, worst logprob diff %.2e\n", model, n,
+		       (unsigned long long)sg.graph_replays,
 		       (unsigned long long)sg.graph_captures, worst);
 		assert_true(worst < 1e-3);
 	}
