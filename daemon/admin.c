@@ -215,6 +215,8 @@ static const char *state_name(const struct sm70__daemon *d)
 {
 	if (d->draining)
 		return "stopping";
+	if (d->loading)
+		return "loading";
 	if (d->admin_drained)
 		return d->n_jobs ? "draining" : "drained";
 	return "serving";
@@ -227,9 +229,33 @@ static const char *not_ready(const struct sm70__daemon *d)
 		return "engine steps are failing";
 	if (d->draining)
 		return "stopping (SIGTERM/SIGINT)";
+	if (d->loading)
+		return "loading the model";
 	if (d->admin_drained)
 		return "drained by sm70ctl drain: restart sm70d to serve again";
 	return NULL;
+}
+
+/* The model load: while it runs, and how long it took once done. */
+static json_t *load_json(const struct sm70__daemon *d, uint64_t now)
+{
+	uint64_t total = d->load_total > d->load_done ? d->load_total : d->load_done;
+	uint32_t waiting = 0;
+	json_t *l;
+
+	for (const struct sm70__session *s = d->sessions; s; s = s->next)
+		waiting += s->state == SM70__SESSION_WAITING;
+	l = json_pack("{s:b, s:I, s:I, s:f, s:I}", "active", d->loading,
+		      "bytes_done", (json_int_t)d->load_done,
+		      "bytes_total", (json_int_t)d->load_total,
+		      "elapsed_s", secs((d->loading ? now : d->load_end_us) - d->load_start_us),
+		      "clients_waiting", (json_int_t)waiting);
+
+	if (l)
+		json_object_set_new(l, "fraction", total ? json_real((double)d->load_done /
+								     (double)total) :
+				    json_null());
+	return l;
 }
 
 static json_t *cmd_status(struct sm70__daemon *d)
@@ -241,7 +267,9 @@ static json_t *cmd_status(struct sm70__daemon *d)
 	double window, rate = sm70__metrics_token_rate(&d->metrics, now, &window);
 	json_t *gpus = json_array(), *r;
 
-	sm70_engine_get_stats(d->engine, &st);
+	memset(&st, 0, sizeof(st));
+	if (d->engine)
+		sm70_engine_get_stats(d->engine, &st);
 	for (const struct sm70__session *s = d->sessions; s; s = s->next) {
 		clients += s->state == SM70__SESSION_ACTIVE;
 		queued += s->n_queued;
@@ -283,6 +311,8 @@ static json_t *cmd_status(struct sm70__daemon *d)
 		      "kv_bytes", (json_int_t)d->kv_bytes,
 		      "generation_tokens_total", (json_int_t)d->metrics.generation_tokens,
 		      "tokens_per_s", rate, "rate_window_s", window);
+	if (r && d->load_start_us)
+		json_object_set_new(r, "load", load_json(d, now));
 	if (r)
 		json_object_set_new(r, "tp", json_integer(st.tp));
 	return r;
@@ -319,7 +349,7 @@ static json_t *cmd_jobs(struct sm70__daemon *d)
 
 static json_t *cmd_clients(struct sm70__daemon *d)
 {
-	static const char *const states[] = { "?", "hello", "active", "closed" };
+	static const char *const states[] = { "?", "hello", "active", "closed", "waiting" };
 	uint64_t now = sm70__now_us();
 	json_t *list = json_array();
 	uint32_t total = 0;
@@ -331,7 +361,7 @@ static json_t *cmd_clients(struct sm70__daemon *d)
 			"{s:I, s:s, s:i, s:I, s:s, s:I, s:I, s:I, s:f, s:I, s:I, s:I}",
 			"id", (json_int_t)s->id, "name", s->name, "pid", (int)s->pid,
 			"uid", (json_int_t)s->uid,
-			"state", states[s->state <= SM70__SESSION_CLOSED ? s->state : 0],
+			"state", states[s->state <= SM70__SESSION_WAITING ? s->state : 0],
 			"jobs", (json_int_t)s->n_jobs, "queued", (json_int_t)s->n_queued,
 			"held_events", (json_int_t)s->held_count,
 			"connected_s", secs(now - s->t_accept_us),
@@ -363,11 +393,14 @@ static json_t *cmd_metrics(struct sm70__daemon *d)
 static json_t *cmd_health(struct sm70__daemon *d)
 {
 	const char *why = not_ready(d);
+	json_t *r;
 
 	/* Live: this loop answered. Ready: it would accept and run a new job now. */
-	return json_pack("{s:b, s:s, s:b, s:b, s:s, s:s}", "ok", 1, "cmd", "health", "live", 1,
-			 "ready", why == NULL, "state", state_name(d), "reason",
-			 why ? why : "ready");
+	r = json_pack("{s:b, s:s, s:b, s:b, s:s, s:s}", "ok", 1, "cmd", "health", "live", 1,
+		      "ready", why == NULL, "state", state_name(d), "reason", why ? why : "ready");
+	if (r && d->loading)
+		json_object_set_new(r, "load", load_json(d, sm70__now_us()));
+	return r;
 }
 
 static json_t *cmd_drain(struct sm70__daemon *d)

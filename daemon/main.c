@@ -9,7 +9,10 @@
  * stderr. Exit status: 0 after a drain (SIGTERM or SIGINT) or a good --check-config, 1 on a
  * fatal failure while running, 2 on bad arguments, config or model.
  *
- * One thread does everything (docs/DAEMON.md says why): each iteration collects I/O from
+ * The model loads on a thread of its own while the loop already serves: the admin socket
+ * answers "loading" with the progress, clients that connect are told so and get their
+ * welcome when the load is done, a signal cancels the load. Then one thread does
+ * everything (docs/DAEMON.md says why): each iteration collects I/O from
  * the io_uring loop (without waiting while the engine has work, else waiting until the
  * nearest timer), copies new submissions out of every session, feeds the engine, runs one
  * engine step, and publishes the events it produced. Non-goals: daemonizing (systemd does
@@ -18,11 +21,13 @@
 #include <errno.h>
 #include <getopt.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
@@ -40,6 +45,10 @@
 /* After the last job ended in a drain, how long held final events may wait for their
  * clients to read before the daemon exits anyway. */
 #define DRAIN_FLUSH_US 2000000ull
+/* While the model loads: how often STATUS= and the clients' LOADING messages are
+ * refreshed, and how often the log gets a progress line. */
+#define LOAD_TICK_US 1000000ull
+#define LOAD_LOG_US 15000000ull
 
 uint64_t sm70__now_us(void)
 {
@@ -532,6 +541,178 @@ static int run(struct sm70__daemon *d, struct watchdog *wd)
 	}
 }
 
+/* ---- loading the model -------------------------------------------------------------- */
+
+/*
+ * sm70_engine_open runs on a thread of its own; the thread touches nothing but struct
+ * loader and, when sm70_engine_open has returned, writes the eventfd the loop watches.
+ * Progress comes through the engine's load progress (relaxed atomics). Everything else,
+ * sessions included, stays on the loop's thread.
+ */
+struct loader {
+	struct sm70_engine_opts eo;
+	const char *dir;
+	struct sm70_load_progress progress;
+	struct sm70_engine *engine;
+	struct sm70_err err;
+	int ret;
+	int efd;
+	int done; /* the loop read the eventfd */
+};
+
+static void *loader_main(void *arg)
+{
+	struct loader *l = arg;
+	uint64_t one = 1;
+
+	l->ret = sm70_engine_open(&l->engine, l->dir, &l->eo, &l->err);
+	/* a fresh counter far from its maximum: the non-blocking write cannot fail */
+	if (write(l->efd, &one, sizeof(one)) != (ssize_t)sizeof(one))
+		sm70__err("loader: eventfd write: %s", strerror(errno));
+	return NULL;
+}
+
+static void on_loaded(void *arg, int fd, uint32_t revents)
+{
+	struct loader *l = arg;
+	uint64_t v;
+
+	if (read(fd, &v, sizeof(v)) == (ssize_t)sizeof(v))
+		l->done = 1;
+}
+
+static void fmt_bytes(char *b, size_t n, uint64_t v)
+{
+	if (v >= (1ull << 30))
+		snprintf(b, n, "%.1f GiB", (double)v / (1ull << 30));
+	else
+		snprintf(b, n, "%.0f MiB", (double)v / (1ull << 20));
+}
+
+/* "loading qwen3-8b: 42% (6.9 of 16.4 GiB) for 12 s" */
+static void load_line(const struct sm70__daemon *d, char *b, size_t n)
+{
+	uint64_t total = d->load_total > d->load_done ? d->load_total : d->load_done;
+	char done[32], all[32];
+
+	fmt_bytes(done, sizeof(done), d->load_done);
+	fmt_bytes(all, sizeof(all), total);
+	if (total)
+		snprintf(b, n, "loading %s: %.0f%% (%s of %s) for %llu s", d->model_name,
+			 100.0 * (double)d->load_done / (double)total, done, all,
+			 (unsigned long long)((d->now_us - d->load_start_us) / 1000000));
+	else
+		snprintf(b, n, "loading %s: %s so far, for %llu s", d->model_name, done,
+			 (unsigned long long)((d->now_us - d->load_start_us) / 1000000));
+}
+
+/*
+ * Loads the model while the loop serves the sockets (they are open already): sessions
+ * whose hello arrives wait, the admin socket reports the progress, STATUS= and the log
+ * show it, a SIGTERM cancels the load. On success d->engine is set. Returns 0, -ECANCELED
+ * (a signal stopped the load), or -errno with err naming the problem; on failure every
+ * waiting client has been refused with the reason.
+ */
+static int load_model(struct sm70__daemon *d, const struct sm70_engine_opts *eo,
+		      struct watchdog *wd, struct sm70_err *err)
+{
+	struct sm70__watch *w = NULL;
+	struct loader l;
+	uint64_t tick_us = 0, log_us;
+	pthread_t th;
+	char line[200];
+	int ret;
+
+	memset(&l, 0, sizeof(l));
+	l.eo = *eo;
+	l.eo.progress = &l.progress;
+	l.dir = d->cfg.model_dir;
+	sm70_err_clear(&l.err);
+	l.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (l.efd < 0)
+		return sm70_errf(err, -errno, "eventfd: %s", strerror(errno));
+	ret = sm70__loop_watch(d->loop, l.efd, POLLIN, on_loaded, &l, &w);
+	if (ret) {
+		close(l.efd);
+		return sm70_errf(err, ret, "cannot watch the loader's eventfd: %s", strerror(-ret));
+	}
+	d->loading = 1;
+	d->now_us = d->load_start_us = log_us = sm70__now_us();
+	sm70__info("loading the model in %s on %s", d->cfg.model_dir, d->cfg.backend);
+	sd_notifyf(0, "STATUS=loading %s", d->model_name);
+	ret = -pthread_create(&th, NULL, loader_main, &l);
+	if (ret) {
+		sm70_errf(err, ret, "cannot start the loading thread: %s", strerror(-ret));
+		goto out;
+	}
+	while (!l.done) {
+		int64_t timeout = (int64_t)(LOAD_TICK_US - (d->now_us - tick_us) % LOAD_TICK_US);
+		int64_t t = sm70__sessions_next_timer(d);
+
+		if (t >= 0 && t < timeout)
+			timeout = t;
+		ret = sm70__loop_run(d->loop, timeout);
+		d->now_us = sm70__now_us();
+		if (ret < 0 && !l.progress.cancel) {
+			sm70__err("io_uring wait failed: %s; cancelling the load", strerror(-ret));
+			__atomic_store_n(&l.progress.cancel, 1, __ATOMIC_RELAXED);
+		}
+		sm70__sessions_poll(d); /* hello timeouts, waiting clients that hung up */
+		if (d->draining && !__atomic_load_n(&l.progress.cancel, __ATOMIC_RELAXED)) {
+			sm70__notice("stopping while the model loads: cancelling the load");
+			__atomic_store_n(&l.progress.cancel, 1, __ATOMIC_RELAXED);
+		}
+		d->load_done = __atomic_load_n(&l.progress.done, __ATOMIC_RELAXED);
+		d->load_total = __atomic_load_n(&l.progress.total, __ATOMIC_RELAXED);
+		if (d->now_us - tick_us >= LOAD_TICK_US) {
+			tick_us = d->now_us;
+			load_line(d, line, sizeof(line));
+			sd_notifyf(0, "STATUS=%s", line);
+			sm70__sessions_loading(d);
+			if (d->now_us - log_us >= LOAD_LOG_US) {
+				log_us = d->now_us;
+				sm70__notice("%s", line);
+			}
+		}
+		/* The loop is alive; an engine that hangs while loading is TimeoutStartSec's. */
+		if (wd->interval_us && d->now_us - wd->last_us >= wd->interval_us) {
+			sd_notify(0, "WATCHDOG=1");
+			wd->last_us = d->now_us;
+		}
+	}
+	pthread_join(th, NULL);
+	ret = l.ret;
+	if (ret == -ECANCELED || (ret && l.progress.cancel)) {
+		ret = -ECANCELED;
+		sm70_errf(err, ret, "stopped while loading the model");
+	} else if (ret) {
+		sm70_errf(err, ret, "cannot load the model in %s: %s", d->cfg.model_dir,
+			  l.err.msg[0] ? l.err.msg : strerror(-ret));
+	}
+out:
+	sm70__loop_unwatch(d->loop, w);
+	close(l.efd);
+	d->loading = 0;
+	d->load_end_us = sm70__now_us();
+	d->load_done = __atomic_load_n(&l.progress.done, __ATOMIC_RELAXED);
+	if (ret) {
+		char why[SM70_PROTO_REASON_LEN];
+
+		snprintf(why, sizeof(why), "%.231s", ret == -ECANCELED ?
+			 "sm70d stopped while loading its model; retry when it is back" :
+			 err->msg);
+		sm70__sessions_refuse_waiting(d, ret == -ECANCELED ? SM70_PROTO_E_SHUTDOWN :
+					      SM70_PROTO_E_INTERNAL, why);
+		sm70__sessions_close_all(d, "sm70d did not load its model");
+		sm70__sessions_reap(d);
+		return ret;
+	}
+	d->engine = l.engine;
+	sm70__info("model %s loaded in %.1f s", d->model_name,
+		   (double)(d->load_end_us - d->load_start_us) * 1e-6);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct sm70__daemon d;
@@ -588,7 +769,37 @@ int main(int argc, char **argv)
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
-	sd_notify(0, "STATUS=loading the model");
+	/* The loop and both sockets first: they serve while the model loads. */
+	code = 1;
+	ret = sm70__loop_create(&d.loop, 256);
+	if (ret) {
+		sm70__err("io_uring setup failed: %s", strerror(-ret));
+		goto out_engine;
+	}
+	sm70__loop_set_clock(d.loop, &d.now_us);
+	sc.fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (sc.fd < 0 || sm70__loop_watch(d.loop, sc.fd, POLLIN, on_signal, &sc, &sig_watch)) {
+		sm70__err("signalfd: %s", strerror(errno));
+		goto out_loop;
+	}
+	d.now_us = sm70__now_us();
+	sm70__metrics_init(&d.metrics, d.now_us);
+	set_model_name(&d, d.cfg.model_dir);
+	code = 2;
+	ret = sm70__listener_open(&d, &err);
+	if (ret) {
+		sm70__err("%s", err.msg);
+		goto out_signal;
+	}
+	ret = sm70__admin_open(&d, &err);
+	if (ret) {
+		sm70__err("%s", err.msg);
+		goto out_listener;
+	}
+	if (sd_watchdog_enabled(0, &usec) > 0 && usec)
+		wd.interval_us = usec / 2;
+	wd.last_us = sm70__now_us();
+
 	sm70_engine_opts_default(&eo);
 	eo.backend = d.cfg.backend;
 	eo.dummy_weights = strcmp(d.cfg.load_format, "dummy") == 0;
@@ -603,15 +814,18 @@ int main(int argc, char **argv)
 	eo.max_batch_tokens = (int)d.cfg.engine.max_batch_tokens;
 	eo.block_size = (int)d.cfg.engine.block_size;
 	eo.kv_bytes = (size_t)d.kv_bytes;
-	ret = sm70_engine_open(&d.engine, d.cfg.model_dir, &eo, &err);
+	ret = load_model(&d, &eo, &wd, &err);
+	if (ret == -ECANCELED) {
+		sm70__notice("%s; exiting", err.msg);
+		code = 0;
+		goto out_admin;
+	}
 	if (ret) {
-		sm70__err("cannot load the model in %s: %s", d.cfg.model_dir,
-			  err.msg[0] ? err.msg : strerror(-ret));
-		return 2;
+		sm70__err("%s", err.msg);
+		goto out_admin; /* code 2: the model (or the machine) is wrong, not the run */
 	}
 	mc = sm70_engine_model_config(d.engine);
 	sm70_engine_get_stats(d.engine, &st);
-	set_model_name(&d, d.cfg.model_dir);
 	d.vocab_size = (uint32_t)mc->vocab_size;
 	d.max_position = (uint32_t)mc->max_position;
 	d.kv_tokens = (uint64_t)st.kv_blocks_total * d.cfg.engine.block_size;
@@ -627,34 +841,7 @@ int main(int argc, char **argv)
 			     (unsigned long long)st.clamped_weights);
 
 	code = 1;
-	ret = sm70__loop_create(&d.loop, 256);
-	if (ret) {
-		sm70__err("io_uring setup failed: %s", strerror(-ret));
-		goto out_engine;
-	}
-	sm70__loop_set_clock(d.loop, &d.now_us);
-	sc.fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-	if (sc.fd < 0 || sm70__loop_watch(d.loop, sc.fd, POLLIN, on_signal, &sc, &sig_watch)) {
-		sm70__err("signalfd: %s", strerror(errno));
-		goto out_loop;
-	}
-	d.now_us = sm70__now_us();
-	sm70__metrics_init(&d.metrics, d.now_us);
-	ret = sm70__listener_open(&d, &err);
-	if (ret) {
-		sm70__err("%s", err.msg);
-		code = 2;
-		goto out_signal;
-	}
-	ret = sm70__admin_open(&d, &err);
-	if (ret) {
-		sm70__err("%s", err.msg);
-		code = 2;
-		goto out_listener;
-	}
-	if (sd_watchdog_enabled(0, &usec) > 0 && usec)
-		wd.interval_us = usec / 2;
-	wd.last_us = sm70__now_us();
+	sm70__sessions_model_ready(&d); /* the clients that waited for the load */
 	sd_notifyf(0, "READY=1\nSTATUS=serving %s on %s", d.model_name,
 		   d.listen_unlink ? d.cfg.socket_path : "the socket from systemd");
 	sm70__notice("ready: serving %s", d.model_name);
@@ -671,9 +858,10 @@ int main(int argc, char **argv)
 		if (sm70__sched_step(&d) < 0)
 			break;
 	sm70__sessions_reap(&d);
-	sm70__admin_close(&d);
 	if (code == 0)
 		sm70__notice("drained; exiting");
+out_admin:
+	sm70__admin_close(&d);
 out_listener:
 	sm70__listener_close(&d);
 out_signal:

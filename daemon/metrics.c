@@ -136,7 +136,7 @@ const char *sm70__error_label(int code)
 {
 	static const char *const names[SM70_PROTO_E__COUNT] = {
 		"ok", "invalid", "too_large", "busy", "no_memory", "cancelled", "shutdown",
-		"version", "denied", "slow_consumer", "internal", "unsupported",
+		"version", "denied", "slow_consumer", "internal", "unsupported", "loading",
 	};
 
 	if (code < 0)
@@ -222,7 +222,9 @@ int sm70__metrics_render(struct sm70__daemon *d, char *buf, size_t size)
 	if (!size)
 		return -ENOSPC;
 	buf[0] = '\0';
-	sm70_engine_get_stats(d->engine, &st);
+	memset(&st, 0, sizeof(st)); /* no engine yet while the model loads */
+	if (d->engine)
+		sm70_engine_get_stats(d->engine, &st);
 	for (const struct sm70__session *s = d->sessions; s; s = s->next) {
 		clients += s->state == SM70__SESSION_ACTIVE;
 		queued += s->n_queued;
@@ -245,6 +247,15 @@ int sm70__metrics_render(struct sm70__daemon *d, char *buf, size_t size)
 	       "jobs (prefix-cache blocks no job holds count as free).", kv);
 	scalar(&o, "sm70_clients_connected", "gauge", "Client sessions past the handshake.",
 	       clients);
+	scalar(&o, "sm70_model_loading", "gauge", "1 while the model loads (clients that "
+	       "connect wait for their welcome), else 0.", d->loading ? 1.0 : 0.0);
+	scalar(&o, "sm70_model_load_bytes", "gauge", "Bytes of weights the model load has "
+	       "placed on the devices (final once loaded).", (double)d->load_done);
+	scalar(&o, "sm70_model_load_total_bytes", "gauge", "Bytes of weights the model load "
+	       "places (0 while unknown; estimated for dummy weights).", (double)d->load_total);
+	scalar(&o, "sm70_model_load_seconds", "gauge", "How long the model load took, or has "
+	       "taken so far.", (double)((d->loading ? sm70__now_us() : d->load_end_us) -
+					 d->load_start_us) * 1e-6);
 	head(&o, "sm70_gpu_memory_used_bytes", "gauge", "Memory in use on each GPU sm70d uses "
 	     "(device-wide, as cudaMemGetInfo reports it); no samples on the CPU backend.");
 	if (strcmp(d->cfg.backend, "cuda") == 0) {

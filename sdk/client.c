@@ -16,13 +16,12 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sdk/client_impl.h"
 #include "sdk/proto_check.h"
 
-/* How long connect waits for the welcome; the daemon answers at once unless it is stuck. */
-#define HANDSHAKE_TIMEOUT_MS 10000
 #define DEFAULT_SPIN_US 50u
 
 extern char *program_invocation_short_name; /* glibc, with _GNU_SOURCE */
@@ -76,8 +75,30 @@ void sm70__session_close(struct sm70_client *c)
 	c->sleeping = 0;
 }
 
-/* Receives the daemon's answer: one record in buf (returns its length) and up to 3 fds. */
-static ssize_t recv_answer(struct sm70_client *c, void *buf, size_t len, int fds[3], int *n_fds)
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Milliseconds until deadline (UINT64_MAX: none) for poll: -1, or 0..INT_MAX. */
+static int ms_left(uint64_t deadline)
+{
+	uint64_t now = now_ms();
+
+	if (deadline == UINT64_MAX)
+		return -1;
+	if (now >= deadline)
+		return 0;
+	return deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now);
+}
+
+/* Receives the daemon's answer: one record in buf (returns its length) and up to 3 fds,
+ * waiting until deadline (monotonic ms). */
+static ssize_t recv_answer(struct sm70_client *c, void *buf, size_t len, int fds[3], int *n_fds,
+			   uint64_t deadline)
 {
 	union {
 		struct cmsghdr h;
@@ -93,13 +114,13 @@ static ssize_t recv_answer(struct sm70_client *c, void *buf, size_t len, int fds
 
 	*n_fds = 0;
 	do
-		r = poll(&pfd, 1, HANDSHAKE_TIMEOUT_MS);
+		r = poll(&pfd, 1, ms_left(deadline));
 	while (r < 0 && errno == EINTR);
 	if (r < 0)
 		return sm70__fail(c, -errno, "waiting for sm70d's answer: %s", strerror(errno));
 	if (r == 0)
-		return sm70__fail(c, -ETIMEDOUT, "sm70d at %s did not answer the hello in %d s",
-				  c->path, HANDSHAKE_TIMEOUT_MS / 1000);
+		return sm70__fail(c, -ETIMEDOUT, "sm70d at %s did not answer the hello in %.1f s "
+				  "(handshake_timeout_ms)", c->path, c->handshake_ms / 1000.0);
 	do
 		n = recvmsg(c->sock, &msg, MSG_CMSG_CLOEXEC);
 	while (n < 0 && errno == EINTR);
@@ -135,6 +156,28 @@ static ssize_t recv_answer(struct sm70_client *c, void *buf, size_t len, int fds
 	if (n == 0)
 		return sm70__fail(c, -ECONNRESET, "sm70d closed the connection without an answer");
 	return n;
+}
+
+static void fmt_gib(char *b, size_t n, uint64_t v)
+{
+	snprintf(b, n, "%.1f GiB", (double)v / (double)(1ull << 30));
+}
+
+/* The handshake timed out after the daemon said it was loading: -SM70_E_LOADING. */
+static int still_loading(struct sm70_client *c)
+{
+	const struct sm70_proto_loading *l = &c->loading;
+	char done[32], total[32], pct[16] = "";
+
+	fmt_gib(done, sizeof(done), l->bytes_done);
+	fmt_gib(total, sizeof(total), l->bytes_total);
+	if (l->bytes_total)
+		snprintf(pct, sizeof(pct), "%.0f%%, ", l->bytes_done >= l->bytes_total ? 100.0 :
+			 100.0 * (double)l->bytes_done / (double)l->bytes_total);
+	return sm70__fail(c, -SM70_E_LOADING, "sm70d at %s is still loading its model %.63s "
+			  "(%s%s of %s after %u s); waited %.1f s (handshake_timeout_ms): retry",
+			  c->path, l->model_name, pct, done, l->bytes_total ? total : "?",
+			  l->elapsed_ms / 1000, c->handshake_ms / 1000.0);
 }
 
 /* Sends the hello record of PROTOCOL.md section 4.1. */
@@ -228,11 +271,14 @@ int sm70__session_open(struct sm70_client *c)
 	struct sm70_proto_welcome w;
 	struct epoll_event ee = { .events = EPOLLIN };
 	int fds[SM70_PROTO_N_FDS] = { -1, -1, -1 }, n_fds = 0, ret, i;
+	uint64_t deadline;
 	uint32_t magic;
 	uint16_t type, major;
 	ssize_t n;
 
 	c->last_error[0] = '\0';
+	c->loading_seen = 0;
+	memset(&c->loading, 0, sizeof(c->loading));
 	c->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (c->sock < 0)
 		return sm70__fail(c, -errno, "socket: %s", strerror(errno));
@@ -248,10 +294,27 @@ int sm70__session_open(struct sm70_client *c)
 	 * hello was sent (PROTOCOL.md section 2): its REFUSAL is still waiting to be read. */
 	if (ret && ret != -EPIPE && ret != -ECONNRESET)
 		goto fail;
-	n = recv_answer(c, buf, sizeof(buf), fds, &n_fds);
-	if (n < 0) {
-		ret = (int)n;
-		goto fail;
+	/* A daemon loading its model sends LOADING messages (protocol 1.1) until the welcome. */
+	deadline = c->handshake_ms == UINT32_MAX ? UINT64_MAX : now_ms() + c->handshake_ms;
+	for (;;) {
+		n = recv_answer(c, buf, sizeof(buf), fds, &n_fds, deadline);
+		if (n == -ETIMEDOUT && c->loading_seen)
+			n = still_loading(c);
+		if (n < 0) {
+			ret = (int)n;
+			goto fail;
+		}
+		if (n < (ssize_t)sizeof(c->loading))
+			break;
+		memcpy(&magic, buf + 4, sizeof(magic));
+		memcpy(&type, buf + 8, sizeof(type));
+		if (magic != SM70_PROTO_MAGIC || type != SM70_PROTO_MSG_LOADING)
+			break;
+		memcpy(&c->loading, buf, sizeof(c->loading));
+		c->loading.model_name[sizeof(c->loading.model_name) - 1] = '\0';
+		c->loading_seen = 1;
+		for (i = 0; i < n_fds; i++) /* it carries none; a broken daemon's are closed */
+			close_fd(&fds[i]);
 	}
 	ret = sm70__fail(c, -EPROTO, "sm70d sent a malformed answer (%zd bytes)", n);
 	if (n < 14)
@@ -362,8 +425,6 @@ static int opts_ok(const struct sm70_connect_opts *o)
 	for (i = sizeof(*o); i < o->size; i++)
 		if (p[i])
 			return 0;
-	if (o->reserved0)
-		return 0;
 	for (i = 0; i < sizeof(o->reserved) / sizeof(o->reserved[0]); i++)
 		if (o->reserved[i])
 			return 0;
@@ -395,7 +456,10 @@ SM70_API int sm70_client_connect(struct sm70_client **out, const char *socket_pa
 		c->want_eq = opts->eq_entries;
 		c->want_arena = opts->arena_tokens;
 		c->spin_us = opts->spin_us;
+		c->handshake_ms = opts->handshake_timeout_ms;
 	}
+	if (!c->handshake_ms)
+		c->handshake_ms = SM70_DEFAULT_HANDSHAKE_TIMEOUT_MS;
 	if (!c->spin_us)
 		c->spin_us = DEFAULT_SPIN_US;
 	ret = -pthread_mutex_init(&c->lock, NULL);
@@ -475,4 +539,20 @@ SM70_API int sm70_client_info(const struct sm70_client *c, struct sm70_client_in
 	};
 	memcpy(info->model_name, c->model_name, sizeof(info->model_name));
 	return 0;
+}
+
+SM70_API int sm70_client_loading(const struct sm70_client *c, struct sm70_loading *out)
+{
+	if (!c || !out || out->size < sizeof(*out))
+		return -EINVAL;
+	memset(out, 0, sizeof(*out));
+	out->size = sizeof(*out);
+	if (!c->loading_seen)
+		return 0;
+	out->bytes_done = c->loading.bytes_done;
+	out->bytes_total = c->loading.bytes_total;
+	out->elapsed_ms = c->loading.elapsed_ms;
+	memcpy(out->model_name, c->loading.model_name, sizeof(c->loading.model_name));
+	out->model_name[sizeof(out->model_name) - 1] = '\0';
+	return 1;
 }

@@ -32,7 +32,11 @@ struct sm70_client {
 	char name[SM70_PROTO_NAME_LEN];
 	uint32_t want_sq, want_eq, want_arena;
 	uint32_t spin_us;
+	uint32_t handshake_ms; /* UINT32_MAX: no limit */
 	char last_error[256];
+	/* LOADING messages of the latest connect attempt */
+	int loading_seen;
+	struct sm70_proto_loading loading;
 	int epfd; /* handed to applications by sm70_event_fd; stable across sessions */
 
 	/* ---- the session (valid while connected) ---- */

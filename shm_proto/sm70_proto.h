@@ -45,7 +45,7 @@ SM70_PROTO_ASSERT(sizeof(float) == 4, "float must be IEEE-754 binary32");
  * meaning to reserved space (zero keeps the old behaviour), so any minor of one major
  * interoperates with any other. */
 #define SM70_PROTO_VERSION_MAJOR 1
-#define SM70_PROTO_VERSION_MINOR 0
+#define SM70_PROTO_VERSION_MINOR 1 /* 1.1: LOADING messages before the welcome, E_LOADING */
 
 #define SM70_PROTO_CACHELINE 64u
 #define SM70_PROTO_MAX_TOP 8u  /* top-logprob pairs inline in one TOKEN event */
@@ -78,6 +78,7 @@ enum sm70_proto_error {
 	SM70_PROTO_E_SLOW_CONSUMER = 9, /* event ring not drained within slow_consumer_ms */
 	SM70_PROTO_E_INTERNAL = 10,	/* a daemon bug or backend failure */
 	SM70_PROTO_E_UNSUPPORTED = 11,	/* valid request the loaded model cannot serve */
+	SM70_PROTO_E_LOADING = 12,	/* 1.1: still loading the model (a client's wait ran out) */
 	SM70_PROTO_E__COUNT		/* not a code: one past the last; grows over time */
 };
 
@@ -98,6 +99,7 @@ static inline const char *sm70_proto_strerror(int code)
 		"event ring not drained in time",
 		"internal daemon error",
 		"not supported by the loaded model",
+		"the daemon is still loading its model",
 	};
 
 	/* unsigned, so that negating INT_MIN is defined */
@@ -141,6 +143,7 @@ enum sm70_proto_msg_type {
 	SM70_PROTO_MSG_HELLO = 1,   /* client -> daemon, first and only client message */
 	SM70_PROTO_MSG_WELCOME = 2, /* daemon -> client, carries the three fds */
 	SM70_PROTO_MSG_REFUSAL = 3, /* daemon -> client, then the daemon closes the socket */
+	SM70_PROTO_MSG_LOADING = 4, /* 1.1, daemon -> client: still loading, the welcome follows */
 };
 
 struct sm70_proto_hello {
@@ -239,6 +242,42 @@ SM70_PROTO_AT(sm70_proto_refusal, reserved0, 14);
 SM70_PROTO_AT(sm70_proto_refusal, result, 16);
 SM70_PROTO_AT(sm70_proto_refusal, reserved1, 20);
 SM70_PROTO_AT(sm70_proto_refusal, reason, 24);
+
+/*
+ * Since 1.1. A daemon that is still loading its model answers a hello whose version_minor is
+ * at least 1 with a LOADING message at once, then another about every second, and finally
+ * with the WELCOME (or a REFUSAL) once the model is loaded. No fds. A hello of minor 0 gets
+ * no LOADING messages: such a client just waits for the welcome. Progress is in bytes of
+ * weights placed on the devices; bytes_total is 0 while unknown, and bytes_done may pass it
+ * (the total of dummy weights is an estimate).
+ */
+struct sm70_proto_loading {
+	uint32_t size;
+	uint32_t magic;
+	uint16_t type; /* SM70_PROTO_MSG_LOADING */
+	uint16_t version_major;
+	uint16_t version_minor;
+	uint16_t reserved0;
+	uint32_t elapsed_ms;  /* since the daemon began loading */
+	uint32_t reserved1;
+	uint64_t bytes_done;  /* weights placed so far */
+	uint64_t bytes_total; /* weights the load places; 0: not known */
+	char model_name[SM70_PROTO_MODEL_NAME_LEN]; /* NUL-terminated */
+	uint64_t reserved[3];
+};
+SM70_PROTO_SIZE(sm70_proto_loading, 128);
+SM70_PROTO_AT(sm70_proto_loading, size, 0);
+SM70_PROTO_AT(sm70_proto_loading, magic, 4);
+SM70_PROTO_AT(sm70_proto_loading, type, 8);
+SM70_PROTO_AT(sm70_proto_loading, version_major, 10);
+SM70_PROTO_AT(sm70_proto_loading, version_minor, 12);
+SM70_PROTO_AT(sm70_proto_loading, reserved0, 14);
+SM70_PROTO_AT(sm70_proto_loading, elapsed_ms, 16);
+SM70_PROTO_AT(sm70_proto_loading, reserved1, 20);
+SM70_PROTO_AT(sm70_proto_loading, bytes_done, 24);
+SM70_PROTO_AT(sm70_proto_loading, bytes_total, 32);
+SM70_PROTO_AT(sm70_proto_loading, model_name, 40);
+SM70_PROTO_AT(sm70_proto_loading, reserved, 104);
 
 /* ---- the shared segment header (at offset 0 of the memfd) ---------------------------- */
 

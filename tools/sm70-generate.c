@@ -38,12 +38,14 @@ static void usage(FILE *f)
 		"                     [-n MAX_NEW_TOKENS] [--temperature T] [--top-k K]\n"
 		"                     [--top-p P] [--seed S] [--top-logprobs N] [--stop-ids 1,2]\n"
 		"                     [--json]\n"
-		"  more: [--ignore-eos] [--priority N] [--deadline-ms MS]\n"
+		"  more: [--ignore-eos] [--priority N] [--deadline-ms MS] [--connect-timeout S]\n"
 		"The socket defaults to $SM70_SOCKET, else " SM70_DEFAULT_SOCKET ".\n"
 		"Temperature 0 (the default) is greedy decoding; the seed defaults to 0, as in\n"
 		"sm70-run. A prompt file holds token ids separated by commas or white space.\n"
 		"sm70-run's model options (-m, --backend, --threads, ...) are accepted and\n"
 		"ignored: the daemon's model and configuration are used.\n"
+		"--connect-timeout: how long to wait for the daemon's welcome while it starts or\n"
+		"loads its model (default 900 s); its loading progress is shown on stderr.\n"
 		"Exit: 0 done, 2 bad arguments, 3 daemon not running, 1 other failures.\n");
 }
 
@@ -157,10 +159,44 @@ static void print_json(const struct run *r, const struct sm70_result *res, doubl
 	fputs("}}\n", stdout);
 }
 
+/*
+ * Connects, waiting up to seconds for the welcome. A daemon that is loading its model says
+ * so at once: then the wait goes on in steps of 5 s, with a progress line on stderr after
+ * each, until the welcome or the time is up. Returns what sm70_client_connect returns.
+ */
+static int connect_waiting(struct sm70_client **c, const char *sock, double seconds)
+{
+	struct sm70_connect_opts o;
+	struct sm70_loading l = { .size = sizeof(l) };
+	double end = sm70__cli_now_s() + seconds, left;
+	int ret;
+
+	sm70_connect_opts_init(&o);
+	left = seconds;
+	o.handshake_timeout_ms = (uint32_t)(1000 * (left < 5 ? left : 5));
+	ret = sm70_client_connect(c, sock, &o);
+	while (ret == -SM70_E_LOADING && *c && sm70_client_loading(*c, &l) == 1 &&
+	       (left = end - sm70__cli_now_s()) > 0) {
+		if (l.bytes_total)
+			fprintf(stderr, "sm70-generate: sm70d is loading %s: %.0f%% after %llu s\n",
+				l.model_name, l.bytes_done >= l.bytes_total ? 100.0 :
+				100.0 * (double)l.bytes_done / (double)l.bytes_total,
+				(unsigned long long)(l.elapsed_ms / 1000));
+		else
+			fprintf(stderr, "sm70-generate: sm70d is loading %s (%llu s so far)\n",
+				l.model_name, (unsigned long long)(l.elapsed_ms / 1000));
+		sm70_client_close(*c);
+		*c = NULL;
+		o.handshake_timeout_ms = (uint32_t)(1000 * (left < 5 ? left : 5)) + 1;
+		ret = sm70_client_connect(c, sock, &o);
+	}
+	return ret;
+}
+
 int main(int argc, char **argv)
 {
 	enum { O_SOCK = 256, O_PIDS, O_PFILE, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_TOPLP, O_JSON,
-	       O_STOP, O_IGNEOS, O_PRIO, O_DEADLINE, O_IGNORED };
+	       O_STOP, O_IGNEOS, O_PRIO, O_DEADLINE, O_CTIMEOUT, O_IGNORED };
 	static const struct option lopts[] = {
 		{ "socket", required_argument, 0, O_SOCK },
 		{ "prompt-ids", required_argument, 0, O_PIDS },
@@ -176,6 +212,7 @@ int main(int argc, char **argv)
 		{ "ignore-eos", no_argument, 0, O_IGNEOS },
 		{ "priority", required_argument, 0, O_PRIO },
 		{ "deadline-ms", required_argument, 0, O_DEADLINE },
+		{ "connect-timeout", required_argument, 0, O_CTIMEOUT },
 		/* sm70-run's model options, so one command line works with both tools */
 		{ "model", required_argument, 0, 'm' },
 		{ "backend", required_argument, 0, O_IGNORED },
@@ -196,7 +233,7 @@ int main(int argc, char **argv)
 	char *file_text = NULL;
 	int32_t *prompt = NULL, *stops = NULL;
 	long n;
-	double v;
+	double v, connect_s = SM70_DEFAULT_HANDSHAKE_TIMEOUT_MS / 1000.0;
 	int opt, ret, rc = 1;
 
 	sm70_job_init(&job);
@@ -205,6 +242,12 @@ int main(int argc, char **argv)
 		switch (opt) {
 		case O_SOCK:
 			sock = optarg;
+			break;
+		case O_CTIMEOUT:
+			if (sm70__cli_parse_num(optarg, 0.001, 4e6, &v))
+				return die_usage("--connect-timeout wants seconds in (0, 4e6], not "
+						 "'%s'", optarg);
+			connect_s = v;
 			break;
 		case O_PIDS:
 			pids = optarg;
@@ -328,7 +371,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 
-	ret = sm70_client_connect(&c, sock, NULL);
+	ret = connect_waiting(&c, sock, connect_s);
 	if (ret) {
 		fprintf(stderr, "sm70-generate: %s\n",
 			c && sm70_client_last_error(c)[0] ? sm70_client_last_error(c) :

@@ -172,6 +172,25 @@ static void fmt_bytes(char *b, size_t n, double v)
 	snprintf(b, n, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
 }
 
+/* The reply's "load" object as "42% (6.9 GiB of 16.4 GiB) for 12.3 s", or "" without one. */
+static void fmt_load(char *b, size_t n, json_t *r)
+{
+	json_t *l = json_object_get(r, "load");
+	double done = num(l, "bytes_done"), total = num(l, "bytes_total");
+	char a[32], c[32];
+
+	b[0] = '\0';
+	if (!json_is_object(l))
+		return;
+	fmt_bytes(a, sizeof(a), isfinite(done) ? done : 0);
+	fmt_bytes(c, sizeof(c), isfinite(total) ? total : 0);
+	if (total > 0)
+		snprintf(b, n, "%.0f%% (%s of %s) for %.1f s",
+			 100 * (done < total ? done / total : 1.0), a, c, num(l, "elapsed_s"));
+	else
+		snprintf(b, n, "%s so far, for %.1f s", a, num(l, "elapsed_s"));
+}
+
 /* prev: the previous status reply with -l (NULL the first time), for tokens/s. */
 static void print_status(json_t *r, json_t *prev)
 {
@@ -201,6 +220,14 @@ static void print_status(json_t *r, json_t *prev)
 	       json_is_true(json_object_get(r, "ready")) ? " (ready)" : " (not ready)");
 	printf("pid        %lld\n", inum(r, "pid"));
 	printf("uptime     %s\n", up);
+	if (json_is_true(json_object_get(json_object_get(r, "load"), "active"))) {
+		/* no engine yet: nothing else to show */
+		fmt_load(a, sizeof(a), r);
+		printf("loading    %s\n", a);
+		printf("clients    %lld waiting for the model\n",
+		       inum(json_object_get(r, "load"), "clients_waiting"));
+		return;
+	}
 	printf("clients    %lld\n", inum(r, "clients"));
 	printf("jobs       %lld running, %lld waiting\n", inum(r, "jobs_running"),
 	       inum(r, "jobs_waiting"));
@@ -303,8 +330,11 @@ static int run_once(struct ctl *c, int fd)
 			printf("%s\n", c->raw);
 			ret = json_is_true(v) ? EXIT_OK : EXIT_NO;
 		} else {
-			printf("%s%s (%s: %s)\n", json_is_true(v) ? "" : "not ", c->check,
-			       str(r, "state"), str(r, "reason"));
+			char load[96];
+
+			fmt_load(load, sizeof(load), r);
+			printf("%s%s (%s: %s%s%s)\n", json_is_true(v) ? "" : "not ", c->check,
+			       str(r, "state"), str(r, "reason"), load[0] ? ", " : "", load);
 			ret = json_is_true(v) ? EXIT_OK : EXIT_NO;
 		}
 	} else if (c->json) {

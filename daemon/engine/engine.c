@@ -9,9 +9,11 @@
  */
 #include "daemon/engine/engine.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "daemon/engine/block_pool.h"
 #include "daemon/engine/checkpoint.h"
@@ -74,6 +76,7 @@ struct sm70_engine {
 	int max_blocks;
 
 	struct sm70_engine_stats stats;
+	struct sm70_backend_ops load_ops; /* the backends' ops while a watched load runs */
 };
 
 void sm70_engine_opts_default(struct sm70_engine_opts *o)
@@ -191,6 +194,92 @@ static int open_backends(struct sm70_engine *e, struct sm70_err *err)
 	return sm70_comm_cpu_create(&e->comm, e->ranks, tp, err);
 }
 
+/* ---- load progress (sm70_engine_opts.progress) ------------------------------------- */
+
+/*
+ * Every weight reaches its backend through the upload op, so while a watched load runs the
+ * ranks' backends get a copy of their op table whose upload counts the bytes and checks for
+ * cancellation: the loaders of every architecture are measured without knowing it. The op
+ * has no context argument, hence the thread-local state: the load runs on the thread that
+ * called sm70_engine_open, and another engine may load on another thread meanwhile.
+ */
+static _Thread_local struct {
+	struct sm70_load_progress *p;
+	const struct sm70_backend_ops *orig;
+} watched;
+
+static int counting_upload(struct sm70_backend *be, void *dst, const void *src, size_t bytes)
+{
+	int ret;
+
+	if (__atomic_load_n(&watched.p->cancel, __ATOMIC_RELAXED))
+		return -ECANCELED;
+	ret = watched.orig->upload(be, dst, src, bytes);
+	if (!ret)
+		__atomic_fetch_add(&watched.p->done, (uint64_t)bytes, __ATOMIC_RELAXED);
+	return ret;
+}
+
+/* Bytes of the *.safetensors files in dir. */
+static uint64_t safetensors_bytes(const char *dir)
+{
+	struct dirent *de;
+	uint64_t sum = 0;
+	DIR *dp = opendir(dir);
+
+	if (!dp)
+		return 0;
+	while ((de = readdir(dp))) {
+		size_t n = strlen(de->d_name);
+		struct stat st;
+
+		if (n > 12 && strcmp(de->d_name + n - 12, ".safetensors") == 0 &&
+		    fstatat(dirfd(dp), de->d_name, &st, 0) == 0)
+			sum += (uint64_t)st.st_size;
+	}
+	closedir(dp);
+	return sum;
+}
+
+/* What the load will upload: the checkpoint's files, or for dummy weights (16-bit values,
+ * no files) the weights of a dense decoder of config.json's sizes. 0 if unknown. */
+static uint64_t load_total(const struct sm70_engine *e, const char *model_dir)
+{
+	struct sm70_model_config mc;
+	uint64_t H, q, kv, layer;
+
+	if (!e->opts.dummy_weights)
+		return safetensors_bytes(model_dir);
+	if (sm70_model_config_parse(&mc, sm70_ckpt_config(e->ck),
+				    sm70_ckpt_generation_config(e->ck), NULL))
+		return 0;
+	H = (uint64_t)mc.hidden_size;
+	q = (uint64_t)mc.n_heads * (uint64_t)mc.head_dim * (mc.attn_gate ? 2 : 1);
+	kv = (uint64_t)mc.n_kv_heads * (uint64_t)mc.head_dim;
+	layer = H * q + 2 * H * kv + (uint64_t)mc.n_heads * mc.head_dim * H +
+		3 * H * (uint64_t)mc.intermediate_size;
+	return 2 * ((uint64_t)mc.vocab_size * H * (mc.tie_word_embeddings ? 1 : 2) +
+		    (uint64_t)mc.n_layers * layer);
+}
+
+/* Points the owned backends at the counting op table (watch 1) or back (watch 0). */
+static void watch_uploads(struct sm70_engine *e, int watch)
+{
+	if (!e->opts.progress || !e->n_owned)
+		return;
+	if (watch) {
+		watched.p = e->opts.progress;
+		watched.orig = e->ranks[0]->ops;
+		e->load_ops = *watched.orig;
+		e->load_ops.upload = counting_upload;
+	}
+	for (int r = 0; r < e->n_owned; r++)
+		if (e->ranks[r]->ops == (watch ? watched.orig : &e->load_ops))
+			e->ranks[r]->ops = watch ? &e->load_ops : watched.orig;
+	if (!watch)
+		watched.p = NULL;
+}
+
 int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 		     const struct sm70_engine_opts *opts, struct sm70_err *err)
 {
@@ -235,7 +324,17 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 		.state_slots = opts->state_slots,
 		.gdn_recurrent = opts->gdn_recurrent,
 	};
+	if (opts->progress)
+		__atomic_store_n(&opts->progress->total, load_total(e, model_dir),
+				 __ATOMIC_RELAXED);
+	watch_uploads(e, 1);
 	ret = sm70_model_load_tp(&e->model, e->ck, e->ranks, e->opts.tp, e->comm, &mo, err);
+	watch_uploads(e, 0);
+	if (ret && (ret == -ECANCELED || (opts->progress &&
+			__atomic_load_n(&opts->progress->cancel, __ATOMIC_RELAXED)))) {
+		sm70_err_clear(err);
+		ret = sm70_errf(err, -ECANCELED, "the load was cancelled");
+	}
 	if (ret)
 		goto fail;
 

@@ -42,6 +42,20 @@ enum sm70_finish {
 	SM70_FINISH_ERROR,
 };
 
+/*
+ * How far sm70_engine_open has got, for another thread to watch while it runs. The fields
+ * are plain integers accessed with the __atomic builtins (relaxed): the loading thread
+ * writes done and total, the watcher reads them and may set cancel.
+ */
+struct sm70_load_progress {
+	uint64_t done;  /* bytes of weights placed on the backends so far (every rank's) */
+	uint64_t total; /* what the whole load places, 0 until known; an estimate for dummy
+			 * weights (a dense model of config.json's sizes): done may pass it */
+	int cancel;     /* set by the watcher: the load stops at the next weight and
+			 * sm70_engine_open returns -ECANCELED */
+	int reserved;
+};
+
 struct sm70_engine_opts {
 	const char *backend;      /* "cpu", "cuda", or "null" (a transport test double) */
 	int dummy_weights;        /* --load-format dummy */
@@ -59,6 +73,7 @@ struct sm70_engine_opts {
 	int no_prefix_cache;      /* turn prefix caching off */
 	int state_slots;          /* recurrent-state slots; 0: max_seqs (recurrent models) */
 	int gdn_recurrent;        /* DeltaNet prefill by the recurrence, not the chunked form */
+	struct sm70_load_progress *progress; /* NULL, or filled while sm70_engine_open runs */
 };
 
 struct sm70_request {

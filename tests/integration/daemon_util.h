@@ -97,13 +97,18 @@ static inline int sm70t_log_contains(const struct sm70t_daemon *t, const char *n
 	return found;
 }
 
+/* 1 (the default): sm70t_daemon_start* return once sm70d has logged that it is ready (its
+ * model loaded); 0: as soon as its socket accepts, while the model may still be loading. */
+static int sm70t_wait_ready = 1;
+
 /* Runs in the forked child just before exec, after the environment was cleaned: set an
  * rlimit, an environment variable. */
 typedef void (*sm70t_child_hook)(void *arg);
 
 /*
  * Starts sm70d on model (NULL: the default fixture) with config_json (NULL: none) written
- * to the temp dir, and waits up to 20 s until its socket accepts connections. Extra
+ * to the temp dir, and waits up to 20 s until its socket accepts connections and it has
+ * logged that it is ready (its model loaded). Extra
  * arguments may follow in extra (NULL-terminated list, may be NULL); hook (may be NULL)
  * runs in the child before exec. Returns 0, or -errno (the daemon's log is printed if it
  * died).
@@ -174,7 +179,9 @@ static inline int sm70t_daemon_start_hook(struct sm70t_daemon *t, const char *mo
 	}
 	deadline = sm70t_ms_now() + 20000;
 	while (sm70t_ms_now() < deadline) {
-		if (sm70t_socket_up(t->sock))
+		/* sm70d listens while its model loads: ready is when it says so */
+		if (sm70t_socket_up(t->sock) &&
+		    (!sm70t_wait_ready || sm70t_log_contains(t, "ready: serving")))
 			return 0;
 		if (waitpid(t->pid, &t->status, WNOHANG) == t->pid) {
 			t->exited = 1;

@@ -105,13 +105,15 @@ dpkg-query -W -f='${Status}\n' $PKGS | grep -vq "install ok installed" &&
 	fatal "not every package is installed"
 
 MA=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
+SDKV=$(sed -n "s/^SDK_VERSION = '\(.*\)'\$/\1/p" SConstruct)
 missing_files=""
 for f in /usr/sbin/sm70d /usr/sbin/sm70ctl /usr/bin/sm70-run /usr/bin/sm70-generate \
 	/etc/sm70d/sm70d.json /lib/systemd/system/sm70d.service /lib/systemd/system/sm70d.socket \
 	/usr/lib/sysusers.d/sm70d.conf /usr/lib/tmpfiles.d/sm70d.conf \
 	/usr/share/man/man8/sm70d.8.gz /usr/share/man/man8/sm70ctl.8.gz /usr/share/man/man1/sm70-run.1.gz \
 	/usr/share/man/man1/sm70-generate.1.gz /usr/share/man/man3/sm70_submit.3.gz \
-	/usr/lib/"$MA"/libsm70client.so.0.1.0 /usr/lib/"$MA"/libsm70client.so.0 \
+	/usr/share/man/man3/sm70_client_connect.3.gz /usr/share/man/man3/sm70_client_loading.3.gz \
+	/usr/lib/"$MA"/libsm70client.so.$SDKV /usr/lib/"$MA"/libsm70client.so.0 \
 	/usr/lib/"$MA"/libsm70client.so /usr/lib/"$MA"/libsm70client.a \
 	/usr/lib/"$MA"/pkgconfig/libsm70client.pc /usr/include/sm70/client.h \
 	/usr/share/doc/sm70d/copyright /usr/share/doc/libsm70client-dev/examples/eventfd_loop.c; do
@@ -133,8 +135,8 @@ check "/run/sm70 and /var/lib/sm70 exist, owned by sm70" \
 check "units enabled (multi-user.target and sockets.target symlinks)" \
 	test -L /etc/systemd/system/multi-user.target.wants/sm70d.service -a \
 	-L /etc/systemd/system/sockets.target.wants/sm70d.socket
-check "pkg-config knows libsm70client 0.1.0" \
-	sh -c '[ "$(pkg-config --modversion libsm70client)" = 0.1.0 ]'
+check "pkg-config knows libsm70client $SDKV" \
+	sh -c "[ \"\$(pkg-config --modversion libsm70client)\" = $SDKV ]"
 
 # systemd-analyze verify prints problems of every unit it loads; only ours count.
 systemd-analyze verify "$UNIT" /lib/systemd/system/sm70d.socket >"$T/verify" 2>&1

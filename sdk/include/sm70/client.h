@@ -50,10 +50,14 @@ extern "C" {
 #endif
 
 #define SM70_CLIENT_VERSION_MAJOR 0
-#define SM70_CLIENT_VERSION_MINOR 1
+#define SM70_CLIENT_VERSION_MINOR 2
 
 /* Socket used when neither the socket_path argument nor $SM70_SOCKET names one. */
 #define SM70_DEFAULT_SOCKET "/run/sm70/sm70d.sock"
+/* How long sm70_client_connect waits for the welcome by default: as long as systemd lets
+ * sm70d start (the packaged unit's TimeoutStartSec, 15 min), so that a connection that
+ * starts the daemon by socket activation survives the load of a large model. */
+#define SM70_DEFAULT_HANDSHAKE_TIMEOUT_MS 900000u
 
 #define SM70_MAX_STOP 8		/* stop token ids per job */
 #define SM70_MAX_TOP_LOGPROBS 8 /* alternatives per token event */
@@ -79,6 +83,8 @@ enum sm70_error {
 	SM70_E_SLOW_CONSUMER = SM70_E_BASE + 9, /* events not read in time (SDK.md) */
 	SM70_E_INTERNAL = SM70_E_BASE + 10,	 /* daemon bug or backend failure */
 	SM70_E_UNSUPPORTED = SM70_E_BASE + 11,	 /* the loaded model cannot serve the request */
+	SM70_E_LOADING = SM70_E_BASE + 12,	 /* 0.2: connect gave up while the daemon was
+						  * still loading its model (sm70_client_loading) */
 };
 
 /* ---- connection -------------------------------------------------------------------------- */
@@ -94,7 +100,9 @@ struct sm70_connect_opts {
 				  * = the program name */
 	uint32_t spin_us;	 /* how long sm70_next_event polls before it sleeps; 0 = 50 us,
 				  * UINT32_MAX = never spin */
-	uint32_t reserved0;
+	uint32_t handshake_timeout_ms; /* 0.2: how long connect (and reconnect) wait for the
+				  * welcome, while the daemon starts or loads its model; 0 =
+				  * SM70_DEFAULT_HANDSHAKE_TIMEOUT_MS, UINT32_MAX = no limit */
 	uint64_t reserved[6];	 /* zero */
 };
 
@@ -104,13 +112,18 @@ SM70_API void sm70_connect_opts_init(struct sm70_connect_opts *opts);
 /*
  * Connects to sm70d at socket_path (NULL: $SM70_SOCKET, else SM70_DEFAULT_SOCKET), sends the
  * hello, receives the shared segment and its eventfds, maps and checks it. opts may be NULL.
+ * A daemon that is still loading its model answers at once that it is (with its progress,
+ * see sm70_client_loading) and welcomes the client when the model is there: connect waits
+ * for that up to opts->handshake_timeout_ms.
  *
  * *out is set to a new handle whenever one could be allocated, EVEN WHEN THE CONNECTION
  * FAILED, so that sm70_client_last_error() can explain the failure and sm70_client_reconnect()
  * can retry; the caller always releases it with sm70_client_close() (which accepts NULL).
  * *out is NULL only for -EINVAL (bad arguments) and -ENOMEM.
  * Returns 0, -ENOENT or -ECONNREFUSED (no daemon listening there), -EACCES, -ETIMEDOUT (no
- * answer), -EPROTO (a broken daemon), or a daemon refusal: -SM70_E_VERSION (the daemon speaks
+ * answer in time), -SM70_E_LOADING (the daemon was still loading its model when the time ran
+ * out; last_error has its progress, sm70_client_reconnect retries), -EPROTO (a broken
+ * daemon), or a daemon refusal: -SM70_E_VERSION (the daemon speaks
  * another protocol major; last_error has its sentence naming what to upgrade),
  * -SM70_E_DENIED, -SM70_E_BUSY, -SM70_E_NO_MEMORY, -SM70_E_SHUTDOWN, -SM70_E_INVALID.
  */
@@ -132,6 +145,27 @@ SM70_API void sm70_client_close(struct sm70_client *c);
  * Returns 0 or an error as sm70_client_connect.
  */
 SM70_API int sm70_client_reconnect(struct sm70_client *c);
+
+/* What a loading daemon last said during this handle's latest connect attempt. */
+struct sm70_loading {
+	uint32_t size;		/* sizeof(struct sm70_loading), set by the caller */
+	uint32_t reserved0;
+	uint64_t bytes_done;	/* bytes of weights the daemon had placed on its devices */
+	uint64_t bytes_total;	/* what its load places; 0 = not known (may be an estimate
+				 * that bytes_done passes) */
+	uint64_t elapsed_ms;	/* since the daemon began loading */
+	char model_name[64];	/* NUL-terminated */
+	uint64_t reserved[6];
+};
+
+/*
+ * Since 0.2. Fills *out (out->size set by the caller) with the progress the daemon reported
+ * while this handle's latest connect or reconnect waited for its welcome. Returns 1 if the
+ * daemon said it was loading (the attempt may since have been welcomed), 0 if it never did
+ * (*out zeroed but for size), -EINVAL. Typical use: connect with a short
+ * handshake_timeout_ms, and on -SM70_E_LOADING show the progress and reconnect.
+ */
+SM70_API int sm70_client_loading(const struct sm70_client *c, struct sm70_loading *out);
 
 /*
  * A sentence about the last failure on this handle (connect refusals carry the daemon's own
