@@ -48,7 +48,7 @@
 /* While the model loads: how often STATUS= and the clients' LOADING messages are
  * refreshed, and how often the log gets a progress line. */
 #define LOAD_TICK_US 1000000ull
-#define LOAD_LOG_US 15000000ull
+#define LOAD_LOG_US 10000000ull
 
 uint64_t sm70__now_us(void)
 {

@@ -501,7 +501,7 @@ static uint32_t n_active(const struct sm70__daemon *d)
 
 /* ---- waiting for the model -------------------------------------------------------- */
 
-/* The LOADING record of PROTOCOL.md section 4.6 with d's progress now. */
+/* The LOADING record of PROTOCOL.md section 4.7 with d's progress now. */
 static void loading_msg(const struct sm70__daemon *d, struct sm70_proto_loading *l)
 {
 	memset(l, 0, sizeof(*l));

@@ -118,7 +118,7 @@ int64_t sm70__sessions_next_timer(const struct sm70__daemon *d);
 void sm70__session_close(struct sm70__daemon *d, struct sm70__session *s, const char *why);
 
 /* While the model loads: sends each waiting client that understands it (hello minor >= 1)
- * a LOADING message with d's progress (PROTOCOL.md section 4.6). Never blocks. */
+ * a LOADING message with d's progress (PROTOCOL.md section 4.7). Never blocks. */
 void sm70__sessions_loading(struct sm70__daemon *d);
 
 /* The model is loaded: welcomes every waiting session (or, while draining, refuses it

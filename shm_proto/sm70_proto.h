@@ -244,7 +244,8 @@ SM70_PROTO_AT(sm70_proto_refusal, reserved1, 20);
 SM70_PROTO_AT(sm70_proto_refusal, reason, 24);
 
 /*
- * Since 1.1. A daemon that is still loading its model answers a hello whose version_minor is
+ * Since 1.1 (PROTOCOL.md section 4.7). A daemon that is still loading its model answers a
+ * hello whose version_minor is
  * at least 1 with a LOADING message at once, then another about every second, and finally
  * with the WELCOME (or a REFUSAL) once the model is loaded. No fds. A hello of minor 0 gets
  * no LOADING messages: such a client just waits for the welcome. Progress is in bytes of

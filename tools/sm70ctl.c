@@ -221,9 +221,11 @@ static void print_status(json_t *r, json_t *prev)
 	printf("pid        %lld\n", inum(r, "pid"));
 	printf("uptime     %s\n", up);
 	if (json_is_true(json_object_get(json_object_get(r, "load"), "active"))) {
+		char load[96];
+
 		/* no engine yet: nothing else to show */
-		fmt_load(a, sizeof(a), r);
-		printf("loading    %s\n", a);
+		fmt_load(load, sizeof(load), r);
+		printf("loading    %s\n", load);
 		printf("clients    %lld waiting for the model\n",
 		       inum(json_object_get(r, "load"), "clients_waiting"));
 		return;
