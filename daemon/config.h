@@ -71,6 +71,11 @@ struct sm70__config {
 		 * less the model's weight files (main.c); kv_bytes is then ignored */
 		double kv_memory_fraction;
 		char kv_dtype[SM70__CFG_WORD]; /* "auto" (the backend's), "f32", "f16", "fp8" */
+		/* Per uid, over all its sessions (a fair share, so that one uid cannot take
+		 * every slot). 0 in the file: derived by sm70__config_check, a quarter of
+		 * max_sessions (at least 1) and 4 x max_jobs_in_flight. */
+		uint32_t max_sessions_per_uid;
+		uint32_t max_jobs_per_uid;
 		uint32_t prefix_cache;	       /* 1 (default) or 0 */
 		uint32_t n_threads; /* CPU backend workers, 0: all cores */
 		uint32_t feed_depth; /* jobs kept waiting inside the engine beyond max_seqs */
@@ -112,7 +117,8 @@ int sm70__config_load(struct sm70__config *c, const char *path, struct sm70_err 
 /* The checks that need the whole configuration (after the file and the command-line
  * flags): a model directory is set and is a readable directory; the admin socket path
  * (derived from the socket path when unset) fits; gpus is not empty for the CUDA backend.
- * Fills in derived defaults. Returns 0 or -EINVAL/-errno with err naming the key. */
+ * Fills in derived defaults (the admin socket, the per-uid limits left at 0). Returns 0 or
+ * -EINVAL/-errno with err naming the key. */
 int sm70__config_check(struct sm70__config *c, struct sm70_err *err);
 
 #endif

@@ -17,6 +17,7 @@
 
 struct sm70__session;
 struct sm70__admin_conn;
+struct sm70__uid_use;
 
 struct sm70__daemon {
 	struct sm70__config cfg;
@@ -48,6 +49,8 @@ struct sm70__daemon {
 	struct sm70__session *sessions;
 	uint32_t n_sessions;
 	uint32_t next_session_id;
+	/* what each uid holds, for the per-uid limits; owned by session.c */
+	struct sm70__uid_use *uid_use;
 
 	/* scheduler state; owned by scheduler.c */
 	uint32_t n_jobs;	  /* accepted, without a final event yet */

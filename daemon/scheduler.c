@@ -138,6 +138,7 @@ static void finish_job(struct sm70__daemon *d, struct sm70__job *j, uint16_t rea
 	if (j->next_in_session)
 		j->next_in_session->prev_in_session = j->prev_in_session;
 	s->n_jobs--;
+	s->use->jobs--;
 	d->n_jobs--;
 	free(j->prompt);
 	free(j);
@@ -174,8 +175,14 @@ void sm70__sched_submit(struct sm70__daemon *d, struct sm70__session *s,
 	struct sm70__job *j;
 
 	if (s->n_jobs >= s->limits.max_jobs_in_flight) {
-		snprintf(why, sizeof(why), "max_jobs_in_flight: %u jobs of this session are "
-			 "unfinished", s->n_jobs);
+		snprintf(why, sizeof(why), "max_jobs_in_flight: this session has %u unfinished "
+			 "jobs, its limit", s->n_jobs);
+		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_BUSY, why);
+		goto refused;
+	}
+	if (s->use->jobs >= s->max_jobs_uid) {
+		snprintf(why, sizeof(why), "limits.max_jobs_per_uid: uid %u has %u unfinished "
+			 "jobs in all its sessions, its limit", (unsigned)s->uid, s->use->jobs);
 		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_BUSY, why);
 		goto refused;
 	}
@@ -222,6 +229,7 @@ void sm70__sched_submit(struct sm70__daemon *d, struct sm70__session *s,
 		s->jobs->prev_in_session = j;
 	s->jobs = j;
 	s->n_jobs++;
+	s->use->jobs++;
 	d->n_jobs++;
 	queue_insert(s, j);
 	sm70__debug("session %u: job %llu accepted: tag %llu, %u prompt tokens, %u new",

@@ -170,6 +170,42 @@ static void accept_pause(struct sm70__daemon *d, int err)
 	d->accept_retry_us = d->now_us + (uint64_t)ACCEPT_RETRY_MS * 1000;
 }
 
+/* ---- per-uid counts ---------------------------------------------------------------- */
+
+/* The uid's counts, made on its first session object; takes a reference. NULL: no
+ * memory. */
+static struct sm70__uid_use *uid_use_get(struct sm70__daemon *d, uint32_t uid)
+{
+	struct sm70__uid_use *u;
+
+	for (u = d->uid_use; u; u = u->next)
+		if (u->uid == uid)
+			break;
+	if (!u) {
+		u = calloc(1, sizeof(*u));
+		if (!u)
+			return NULL;
+		u->uid = uid;
+		u->next = d->uid_use;
+		d->uid_use = u;
+	}
+	u->refs++;
+	return u;
+}
+
+/* Drops a reference; the last one frees the counts. */
+static void uid_use_put(struct sm70__daemon *d, struct sm70__uid_use *u)
+{
+	if (!u || --u->refs)
+		return;
+	for (struct sm70__uid_use **pp = &d->uid_use; *pp; pp = &(*pp)->next)
+		if (*pp == u) {
+			*pp = u->next;
+			break;
+		}
+	free(u);
+}
+
 /* Fills a REFUSAL record (PROTOCOL.md section 4.3) and sends it without waiting. */
 static void refusal_send(struct sm70__daemon *d, int fd, int code, const char *reason,
 			 struct sm70_proto_refusal *r)
@@ -255,11 +291,16 @@ static int accept_one(struct sm70__daemon *d, int lfd)
 		return 1;
 	}
 	s = calloc(1, sizeof(*s));
-	if (!s) {
+	if (s)
+		s->use = uid_use_get(d, cred.uid);
+	if (!s || !s->use) {
 		sm70__warn("dropping a connection: no memory");
+		free(s);
 		close(fd);
 		return 1;
 	}
+	s->max_sessions_uid = d->cfg.limits.max_sessions_per_uid;
+	s->max_jobs_uid = d->cfg.limits.max_jobs_per_uid;
 	s->d = d;
 	s->id = ++d->next_session_id;
 	s->state = SM70__SESSION_HELLO;
@@ -275,6 +316,7 @@ static int accept_one(struct sm70__daemon *d, int lfd)
 	if (sm70__loop_watch(d->loop, fd, POLLIN | POLLRDHUP, on_sock, s, &s->sock_watch)) {
 		sm70__warn("dropping a connection: cannot watch it");
 		session_spares_release(s);
+		uid_use_put(d, s->use);
 		free(s);
 		close(fd);
 		return 1;
@@ -663,10 +705,19 @@ static void handle_hello(struct sm70__daemon *d, struct sm70__session *s)
 		return;
 	}
 	if (n_active(d) >= d->cfg.max_sessions) {
-		refuse(d, s, SM70_PROTO_E_BUSY, "sm70d already serves %u sessions, its limit "
-		       "(max_sessions); retry later", d->cfg.max_sessions);
+		refuse(d, s, SM70_PROTO_E_BUSY, "max_sessions: sm70d already serves %u sessions, "
+		       "its limit; retry later", d->cfg.max_sessions);
 		return;
 	}
+	if (s->use->sessions >= s->max_sessions_uid) {
+		refuse(d, s, SM70_PROTO_E_BUSY, "limits.max_sessions_per_uid: uid %u already has "
+		       "%u sessions, its limit; close one or retry later", (unsigned)s->uid,
+		       s->use->sessions);
+		return;
+	}
+	/* from here on it holds a slot of its uid (the close gives it back) */
+	s->use->sessions++;
+	s->counted = 1;
 	if (d->loading) {
 		park(d, s, &h);
 		return;
@@ -1087,6 +1138,9 @@ void sm70__session_close(struct sm70__daemon *d, struct sm70__session *s, const 
 	session_spares_release(s);
 	d->fds_released = 1;
 	s->state = SM70__SESSION_CLOSED;
+	if (s->counted)
+		s->use->sessions--;
+	s->counted = 0;
 	free(s->held);
 	s->held = NULL;
 	s->held_count = s->held_cap = s->held_first = 0;
@@ -1113,6 +1167,7 @@ void sm70__sessions_reap(struct sm70__daemon *d)
 		*pp = s->next;
 		if (s->seg)
 			munmap(s->seg, s->seg_size);
+		uid_use_put(d, s->use);
 		d->n_sessions--;
 		sm70__debug("session %u: freed", s->id);
 		free(s);

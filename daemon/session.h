@@ -35,6 +35,16 @@ struct sm70__held_event {
 
 struct sm70__job;
 
+/* What one uid holds over all its sessions (limits.max_sessions_per_uid and
+ * max_jobs_per_uid). One per uid with a session object, freed with the last of them. */
+struct sm70__uid_use {
+	uint32_t uid;
+	uint32_t refs;	   /* session objects pointing here, whatever their state */
+	uint32_t sessions; /* of which welcomed or waiting for the model: what the limit counts */
+	uint32_t jobs;	   /* accepted jobs of all of them without a final event yet */
+	struct sm70__uid_use *next;
+};
+
 struct sm70__session {
 	struct sm70__daemon *d;
 	uint32_t id;
@@ -50,6 +60,9 @@ struct sm70__session {
 	uid_t uid;
 	gid_t gid;
 	pid_t pid;
+	struct sm70__uid_use *use; /* this uid's counts (scheduler.c counts the jobs) */
+	int counted;		   /* counted in use->sessions */
+	uint32_t max_sessions_uid, max_jobs_uid; /* the per-uid limits that apply to it */
 	char name[SM70_PROTO_NAME_LEN + 1];
 	uint64_t t_accept_us;
 

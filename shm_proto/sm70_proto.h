@@ -69,7 +69,7 @@ enum sm70_proto_error {
 	SM70_PROTO_OK = 0,
 	SM70_PROTO_E_INVALID = 1,	/* a malformed field; the message names it */
 	SM70_PROTO_E_TOO_LARGE = 2,	/* a length or count above the session limit */
-	SM70_PROTO_E_BUSY = 3,		/* jobs in flight at the limit; retry after a finish */
+	SM70_PROTO_E_BUSY = 3,		/* a session or jobs-in-flight limit; the message names it */
 	SM70_PROTO_E_NO_MEMORY = 4,	/* KV/state memory cannot hold the job, even alone */
 	SM70_PROTO_E_CANCELLED = 5,	/* ended by a CANCEL entry */
 	SM70_PROTO_E_SHUTDOWN = 6,	/* the daemon is stopping */
@@ -90,7 +90,7 @@ static inline const char *sm70_proto_strerror(int code)
 		"success",
 		"invalid request",
 		"request too large",
-		"too many jobs in flight",
+		"too many sessions or jobs in flight",
 		"not enough KV/state memory",
 		"cancelled",
 		"daemon shutting down",

@@ -428,7 +428,7 @@ static void test_refusal_and_errors(void **state)
 	printf("refusal: %s -> \"%s\"\n", sm70_strerror(ret), sm70_client_last_error(c));
 	sm70_client_close(c);
 
-	assert_string_equal(sm70_strerror(-SM70_E_BUSY), "too many jobs in flight");
+	assert_string_equal(sm70_strerror(-SM70_E_BUSY), "too many sessions or jobs in flight");
 	assert_string_equal(sm70_strerror(-ECONNRESET), "Connection reset by peer");
 	assert_string_equal(sm70_strerror(-(SM70_E_BASE + 500)), "unknown sm70 error");
 }
