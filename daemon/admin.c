@@ -313,8 +313,18 @@ static json_t *cmd_status(struct sm70__daemon *d)
 		      "tokens_per_s", rate, "rate_window_s", window);
 	if (r && d->load_start_us)
 		json_object_set_new(r, "load", load_json(d, now));
-	if (r)
+	if (r) {
 		json_object_set_new(r, "tp", json_integer(st.tp));
+		/* recurrent models: per-sequence state slots beside the KV cache */
+		json_object_set_new(r, "kv_cache_bytes", json_integer((json_int_t)st.kv_bytes));
+		json_object_set_new(r, "state_slots_total", json_integer(st.state_slots_total));
+		json_object_set_new(r, "state_slots_free", json_integer(st.state_slots_free));
+		json_object_set_new(r, "state_bytes", json_integer((json_int_t)st.state_bytes));
+		json_object_set_new(r, "prefix_cache", json_boolean(!st.prefix_cache_off));
+		if (st.prefix_cache_off)
+			json_object_set_new(r, "prefix_cache_off_reason",
+					    json_string(st.prefix_cache_off));
+	}
 	return r;
 }
 

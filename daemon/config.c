@@ -89,6 +89,7 @@ static const struct key engine_keys[] = {
 	NUM("prefix_cache", K_BOOL, engine.prefix_cache, 0, 1),
 	NUM("n_threads", K_U32, engine.n_threads, 0, 1024),
 	NUM("feed_depth", K_U32, engine.feed_depth, 1, 1024),
+	NUM("state_slots", K_U32, engine.state_slots, 0, 1024),
 	END,
 };
 
@@ -97,6 +98,7 @@ static const struct key fast_keys[] = {
 	CHOICE("attention", fast_paths.attention, fast_ref),
 	CHOICE("fused", fast_paths.fused, fast_ref),
 	CHOICE("allreduce", fast_paths.allreduce, fast_ref),
+	CHOICE("gdn", fast_paths.gdn, fast_ref),
 	END,
 };
 

@@ -79,6 +79,7 @@ struct sm70__config {
 		uint32_t prefix_cache;	       /* 1 (default) or 0 */
 		uint32_t n_threads; /* CPU backend workers, 0: all cores */
 		uint32_t feed_depth; /* jobs kept waiting inside the engine beyond max_seqs */
+		uint32_t state_slots; /* recurrent-state slots (hybrid models); 0: max_seqs */
 	} engine;
 
 	/* Named switches back to reference kernels ("fast" or "reference"; "" leaves the
@@ -90,6 +91,9 @@ struct sm70__config {
 		char attention[SM70__CFG_WORD];
 		char fused[SM70__CFG_WORD];
 		char allreduce[SM70__CFG_WORD];
+		/* "reference": DeltaNet prefill by the token-by-token recurrence instead of
+		 * the chunked form (an engine option, not an environment variable) */
+		char gdn[SM70__CFG_WORD];
 	} fast_paths;
 
 	struct {

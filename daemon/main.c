@@ -814,6 +814,9 @@ int main(int argc, char **argv)
 	eo.max_batch_tokens = (int)d.cfg.engine.max_batch_tokens;
 	eo.block_size = (int)d.cfg.engine.block_size;
 	eo.kv_bytes = (size_t)d.kv_bytes;
+	eo.state_slots = (int)d.cfg.engine.state_slots;
+	if (d.cfg.fast_paths.gdn[0])
+		eo.gdn_recurrent = strcmp(d.cfg.fast_paths.gdn, "reference") == 0;
 	ret = load_model(&d, &eo, &wd, &err);
 	if (ret == -ECANCELED) {
 		sm70__notice("%s; exiting", err.msg);
@@ -826,6 +829,12 @@ int main(int argc, char **argv)
 	}
 	mc = sm70_engine_model_config(d.engine);
 	sm70_engine_get_stats(d.engine, &st);
+	if (st.prefix_cache_off && d.cfg.engine.prefix_cache)
+		sm70__notice("prefix cache off for this %s model: %s", mc->model_type,
+			     st.prefix_cache_off);
+	if (st.state_slots_total)
+		sm70__notice("recurrent state: %d sequence slots, %llu bytes", st.state_slots_total,
+			     (unsigned long long)st.state_bytes);
 	d.vocab_size = (uint32_t)mc->vocab_size;
 	d.max_position = (uint32_t)mc->max_position;
 	d.kv_tokens = (uint64_t)st.kv_blocks_total * d.cfg.engine.block_size;

@@ -275,6 +275,21 @@ int sm70__metrics_render(struct sm70__daemon *d, char *buf, size_t size)
 	       (double)m->generation_tokens);
 	scalar(&o, "sm70_prefix_cache_hit_tokens_total", "counter", "Prompt tokens whose KV came "
 	       "from the prefix cache instead of being computed.", (double)st.prefix_hit_tokens);
+	scalar(&o, "sm70_prefix_cache_enabled", "gauge", "1 when the prefix cache is on; 0 when "
+	       "configured off or the model's recurrent state cannot be restored at a cached "
+	       "prefix (sm70ctl status says which).", st.prefix_cache_off ? 0.0 : 1.0);
+	scalar(&o, "sm70_state_slots", "gauge", "Recurrent-state slots (one per running "
+	       "sequence of a model with DeltaNet layers; 0 for other models).",
+	       (double)st.state_slots_total);
+	scalar(&o, "sm70_state_slots_free", "gauge", "Recurrent-state slots not held by a "
+	       "sequence.", (double)st.state_slots_free);
+	scalar(&o, "sm70_state_bytes", "gauge", "Bytes of recurrent-state memory over all "
+	       "ranks.", (double)st.state_bytes);
+	scalar(&o, "sm70_step_weight_bytes", "gauge", "Bytes of weights a decode step reads, "
+	       "the experts of MoE layers aside.", (double)st.weight_bytes);
+	scalar(&o, "sm70_step_expert_bytes", "gauge", "Bytes of MoE expert weights the last "
+	       "step read: only the experts its tokens were routed to (0 without MoE layers).",
+	       (double)st.expert_bytes);
 	head(&o, "sm70_requests_finished_total", "counter", "Jobs ended, by finish reason.");
 	for (unsigned int r = 1; r <= SM70_PROTO_FINISH_ERROR; r++)
 		put(&o, "sm70_requests_finished_total{reason=\"%s\"} %llu\n",

@@ -236,6 +236,15 @@ static void print_status(json_t *r, json_t *prev)
 	printf("kv cache   %.1f%% used (%lld of %lld blocks free, %lld tokens)\n",
 	       100 * num(r, "kv_usage_ratio"), inum(r, "kv_blocks_free"),
 	       inum(r, "kv_blocks_total"), inum(r, "kv_tokens"));
+	if (inum(r, "state_slots_total") > 0) {
+		char sb[32];
+
+		fmt_bytes(sb, sizeof(sb), num(r, "state_bytes"));
+		printf("state      %lld of %lld sequence slots free, %s (recurrent layers)\n",
+		       inum(r, "state_slots_free"), inum(r, "state_slots_total"), sb);
+	}
+	if (json_is_false(json_object_get(r, "prefix_cache")))
+		printf("prefix     cache off: %s\n", str(r, "prefix_cache_off_reason"));
 	if (prev) {
 		double dt = num(r, "uptime_s") - num(prev, "uptime_s");
 		long long dn = inum(r, "generation_tokens_total") -

@@ -584,6 +584,7 @@ void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats
 	s->kv_bytes = (uint64_t)sm70_model_kv_block_bytes(e->model) * (uint64_t)e->pool.n_blocks;
 	s->prefix_evictions = e->pool.evictions;
 	s->weight_bytes = sm70_model_weight_bytes(e->model);
+	s->expert_bytes = sm70_model_expert_bytes(e->model);
 	s->tp = e->model->tp;
 	s->clamped_weights = e->model->clamped_values;
 	s->graph_replays = e->model->graph_replays;

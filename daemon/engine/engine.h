@@ -116,7 +116,8 @@ struct sm70_engine_stats {
 	uint64_t computed_tokens; /* tokens run through the model */
 	uint64_t prefix_hit_tokens; /* tokens whose KV the prefix cache supplied */
 	uint64_t prefix_evictions;
-	uint64_t weight_bytes;    /* bytes of weights one decode step reads */
+	uint64_t weight_bytes;    /* bytes of weights one decode step reads, experts aside */
+	uint64_t expert_bytes;    /* bytes of the MoE experts the last step read (their routing) */
 	uint64_t clamped_weights; /* weights clamped to the f16 range when loaded */
 	uint64_t graph_replays;   /* decode steps replayed as captured graphs */
 	uint64_t graph_captures;
