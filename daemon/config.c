@@ -74,9 +74,9 @@ static const struct key limits_keys[] = {
 	NUM("max_context_tokens", K_U32, limits.max_context_tokens, 0, 1u << 25),
 	NUM("max_priority", K_U32, limits.max_priority, 0, 255),
 	NUM("max_top_logprobs", K_U32, limits.max_top_logprobs, 0, SM70_PROTO_MAX_TOP),
-	END,
 	NUM("max_sessions_per_uid", K_U32, limits.max_sessions_per_uid, 0, 65536),
 	NUM("max_jobs_per_uid", K_U32, limits.max_jobs_per_uid, 0, 1u << 24),
+	END,
 };
 
 static const struct key engine_keys[] = {
@@ -527,10 +527,10 @@ int sm70__config_check(struct sm70__config *c, struct sm70_err *err)
 	if (strcmp(c->admin_socket_path, c->socket_path) == 0)
 		return sm70_errf(err, -EINVAL, "admin_socket: must differ from socket (%s)",
 				 c->socket_path);
-	return 0;
-}
 	/* A fair share by default: four uids can always hold sessions side by side. */
 	if (!c->limits.max_sessions_per_uid)
 		c->limits.max_sessions_per_uid = c->max_sessions / 4 ? c->max_sessions / 4 : 1;
 	if (!c->limits.max_jobs_per_uid)
 		c->limits.max_jobs_per_uid = 4 * c->limits.max_jobs_in_flight;
+	return 0;
+}

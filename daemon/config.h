@@ -60,6 +60,11 @@ struct sm70__config {
 		uint32_t max_context_tokens; /* 0: the model's context */
 		uint32_t max_priority;
 		uint32_t max_top_logprobs;
+		/* Per uid, over all its sessions (a fair share, so that one uid cannot take
+		 * every slot). 0 in the file: derived by sm70__config_check, a quarter of
+		 * max_sessions (at least 1) and 4 x max_jobs_in_flight. */
+		uint32_t max_sessions_per_uid;
+		uint32_t max_jobs_per_uid;
 	} limits;
 
 	struct {
@@ -71,11 +76,6 @@ struct sm70__config {
 		 * less the model's weight files (main.c); kv_bytes is then ignored */
 		double kv_memory_fraction;
 		char kv_dtype[SM70__CFG_WORD]; /* "auto" (the backend's), "f32", "f16", "fp8" */
-		/* Per uid, over all its sessions (a fair share, so that one uid cannot take
-		 * every slot). 0 in the file: derived by sm70__config_check, a quarter of
-		 * max_sessions (at least 1) and 4 x max_jobs_in_flight. */
-		uint32_t max_sessions_per_uid;
-		uint32_t max_jobs_per_uid;
 		uint32_t prefix_cache;	       /* 1 (default) or 0 */
 		uint32_t n_threads; /* CPU backend workers, 0: all cores */
 		uint32_t feed_depth; /* jobs kept waiting inside the engine beyond max_seqs */
