@@ -132,6 +132,7 @@ static const struct key top_keys[] = {
 	NUM("drain_grace_ms", K_U32, drain_grace_ms, 0, 24u * 3600 * 1000),
 	NUM("slow_consumer_ms", K_U32, slow_consumer_ms, 1, 3600u * 1000),
 	NUM("slow_consumer_events", K_U32, slow_consumer_events, 1, 1u << 24),
+	NUM("slow_consumer_events_total", K_U32, slow_consumer_events_total, 1, 1u << 26),
 	NUM("hello_timeout_ms", K_U32, hello_timeout_ms, 1, 600u * 1000),
 	END,
 };
@@ -183,6 +184,7 @@ void sm70__config_default(struct sm70__config *c)
 	c->drain_grace_ms = 30000;
 	c->slow_consumer_ms = 5000;
 	c->slow_consumer_events = 4096;
+	c->slow_consumer_events_total = 65536;
 	c->hello_timeout_ms = 5000;
 }
 

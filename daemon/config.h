@@ -106,6 +106,8 @@ struct sm70__config {
 	uint32_t drain_grace_ms;       /* SIGTERM: time running jobs get to finish */
 	uint32_t slow_consumer_ms;     /* event ring stuck full this long: E_SLOW_CONSUMER */
 	uint32_t slow_consumer_events; /* or this many undelivered events held for a client */
+	/* all sessions together: each may hold its share (at least 64), if below the above */
+	uint32_t slow_consumer_events_total;
 	uint32_t hello_timeout_ms;
 };
 

@@ -51,6 +51,9 @@ struct sm70__daemon {
 	uint32_t next_session_id;
 	/* what each uid holds, for the per-uid limits; owned by session.c */
 	struct sm70__uid_use *uid_use;
+	/* undelivered events one session may hold now: slow_consumer_events, or less, its
+	 * share of slow_consumer_events_total (session.c, every loop iteration) */
+	uint32_t held_bound;
 
 	/* scheduler state; owned by scheduler.c */
 	uint32_t n_jobs;	  /* accepted, without a final event yet */

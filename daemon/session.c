@@ -58,6 +58,12 @@
 /* While accepting is paused for lack of descriptors: how often to try again even if no
  * session released any (another part of the daemon, or another process, may have). */
 #define ACCEPT_RETRY_MS 100
+/* The least a session may hold however many share slow_consumer_events_total: a full
+ * batch of tokens and the final events of a session's jobs fit, so a client that reads
+ * with a little lag is not cut off just because many others are connected. */
+#define HELD_MIN 64u
+/* An emptied FIFO larger than this is freed, so that memory a burst took goes back. */
+#define HELD_KEEP 64u
 
 static void on_sock(void *arg, int fd, uint32_t revents);
 static void on_doorbell(void *arg, int fd, uint32_t revents);
@@ -104,6 +110,7 @@ int sm70__listener_open(struct sm70__daemon *d, struct sm70_err *err)
 		sm70__info("listening on %s (mode %04o)", d->cfg.socket_path, d->cfg.socket_mode);
 	}
 	d->listen_fd = fd;
+	d->held_bound = d->cfg.slow_consumer_events; /* until the first poll computes it */
 	d->fd_template = eventfd(0, EFD_CLOEXEC);
 	if (d->fd_template < 0) {
 		ret = -errno;
@@ -841,8 +848,6 @@ static int hold(struct sm70__daemon *d, struct sm70__session *s,
 		sm70_proto_sleep_begin(&s->hdr->eq_space_wanted);
 		sm70__debug("session %u: event ring full, holding events", s->id);
 	}
-	if (s->held_count > d->cfg.slow_consumer_events)
-		s->slow_pending = 1;
 	return 0;
 }
 
@@ -893,6 +898,15 @@ static void flush_held(struct sm70__daemon *d, struct sm70__session *s)
 			s->stall_since_us = d->now_us;
 		if (!s->held_count) {
 			sm70_proto_sleep_end(&s->hdr->eq_space_wanted);
+			if (s->held_cap > HELD_KEEP) {
+				free(s->held);
+				s->held = NULL;
+				s->held_cap = s->held_first = 0;
+			}
+			if (s->cut_off)
+				sm70__notice("session %u: took its held events: its submissions are "
+					     "read again", s->id);
+			s->cut_off = 0;
 			return;
 		}
 		sm70_proto_sleep_begin(&s->hdr->eq_space_wanted);
@@ -955,9 +969,17 @@ static void process_entry(struct sm70__daemon *d, struct sm70__session *s,
 	sm70__sched_submit(d, s, e, prompt);
 }
 
-/* Copies and handles the entries between sq_head and the client's sq_tail, stopping while
- * more than eq_entries events are held for the client (PROTOCOL.md section 7: this bounds
- * what a client that never reads can make the daemon keep). */
+/* Whether the session's SQ may be read now: not while it is cut off, nor once it holds
+ * its bound of events, nor (back-pressure) while it holds more than a ring's worth
+ * (PROTOCOL.md sections 7 and 10: what a client that never reads can make the daemon keep
+ * is bounded). */
+static int sq_readable(const struct sm70__daemon *d, const struct sm70__session *s)
+{
+	return !s->cut_off && s->held_count < d->held_bound && s->held_count <= s->eq_entries;
+}
+
+/* Copies and handles the entries between sq_head and the client's sq_tail while
+ * sq_readable. */
 static void drain_sq(struct sm70__daemon *d, struct sm70__session *s)
 {
 	uint32_t tail = sm70_ring_load_acquire(&s->hdr->sq_tail);
@@ -974,8 +996,7 @@ static void drain_sq(struct sm70__daemon *d, struct sm70__session *s)
 		sm70__session_close(d, s, why);
 		return;
 	}
-	while (s->sq_head != tail && s->held_count <= s->eq_entries &&
-	       s->state == SM70__SESSION_ACTIVE) {
+	while (s->sq_head != tail && sq_readable(d, s) && s->state == SM70__SESSION_ACTIVE) {
 		struct sm70_proto_sqe e;
 
 		memcpy(&e, &s->sq[sm70_ring_slot(s->sq_head, s->sq_entries)], sizeof(e));
@@ -994,9 +1015,54 @@ static void drain_sq(struct sm70__daemon *d, struct sm70__session *s)
 
 /* ---- per-iteration work ----------------------------------------------------------- */
 
+/* The events one session may hold: slow_consumer_events, or its share of
+ * slow_consumer_events_total among the welcomed sessions if that is less (but HELD_MIN). */
+static uint32_t held_bound(const struct sm70__daemon *d)
+{
+	uint32_t n = 0, share;
+
+	for (const struct sm70__session *s = d->sessions; s; s = s->next)
+		n += s->state == SM70__SESSION_ACTIVE;
+	share = d->cfg.slow_consumer_events_total / (n ? n : 1);
+	if (share < HELD_MIN)
+		share = HELD_MIN;
+	return share < d->cfg.slow_consumer_events ? share : d->cfg.slow_consumer_events;
+}
+
+/*
+ * The session reached its bound of held events (an event ring it does not drain, whether
+ * jobs fill it or refused entries do): its running jobs' undelivered tokens are dropped and
+ * every job ends with FINISH(ERROR, E_SLOW_CONSUMER); one session-wide ERROR says so (tag
+ * 0, opcode 0, EVF_NOT_FINAL); its SQ is not read again until it has taken every held event
+ * (flush_held). What it holds from then on is those final events, one per job.
+ */
+static void cut_off(struct sm70__daemon *d, struct sm70__session *s)
+{
+	struct sm70_proto_eqe ev;
+	uint32_t held = s->held_count;
+
+	s->cut_off = 1;
+	sm70__notice("session %u ('%s' pid %d uid %u): slow consumer: %u undelivered events held "
+		     "(its bound is %u): ending its %u jobs with E_SLOW_CONSUMER; its submissions "
+		     "wait until it reads", s->id, s->name, (int)s->pid, (unsigned)s->uid, held,
+		     d->held_bound, s->n_jobs);
+	sm70__sched_slow_consumer(d, s);
+	memset(&ev, 0, sizeof(ev));
+	ev.type = SM70_PROTO_EV_ERROR;
+	ev.flags = SM70_PROTO_EVF_NOT_FINAL;
+	ev.u.error.error = SM70_PROTO_E_SLOW_CONSUMER;
+	snprintf(ev.u.error.message, sizeof(ev.u.error.message), "slow consumer: %u events held "
+		 "(bound %u); jobs ended, submissions wait until you read", held, d->held_bound);
+	sm70__metrics_client_error(&d->metrics, SM70_PROTO_E_SLOW_CONSUMER);
+	sm70__session_post(d, s, &ev, 0);
+	s->stall_since_us = d->now_us;
+}
+
 void sm70__sessions_poll(struct sm70__daemon *d)
 {
 	struct sm70__session *s;
+
+	d->held_bound = held_bound(d);
 
 	if (d->accept_paused && d->listen_fd >= 0 &&
 	    (d->fds_released || d->now_us >= d->accept_retry_us))
@@ -1011,10 +1077,12 @@ void sm70__sessions_poll(struct sm70__daemon *d)
 			continue;
 		if (s->held_count)
 			flush_held(d, s);
-		if (s->held_count <= s->eq_entries)
+		if (sq_readable(d, s))
 			drain_sq(d, s);
 		if (s->state != SM70__SESSION_ACTIVE)
 			continue;
+		if (!s->cut_off && s->held_count >= d->held_bound)
+			cut_off(d, s);
 		if (s->held_count &&
 		    d->now_us - s->stall_since_us >= (uint64_t)s->limits.slow_consumer_ms * 1000)
 			s->slow_pending = 1;
@@ -1063,8 +1131,7 @@ int sm70__sessions_sleep_begin(struct sm70__daemon *d)
 			if (eq_space(s) || s->broken)
 				pending = 1;
 		}
-		if (s->held_count <= s->eq_entries &&
-		    sm70_ring_load_acquire(&s->hdr->sq_tail) != s->sq_head)
+		if (sq_readable(d, s) && sm70_ring_load_acquire(&s->hdr->sq_tail) != s->sq_head)
 			pending = 1;
 	}
 	return pending;

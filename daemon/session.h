@@ -84,7 +84,9 @@ struct sm70__session {
 	struct sm70__held_event *held;
 	uint32_t held_first, held_count, held_cap;
 	uint64_t stall_since_us; /* ring full and no eq_head progress since then */
-	int slow_pending;	 /* the slow-consumer bound was crossed: scheduler acts */
+	int slow_pending;	 /* the slow-consumer time bound passed: scheduler acts */
+	int cut_off;		 /* it reached d->held_bound: its jobs were ended and its SQ is
+				  * not read until every held event is in its ring */
 	const char *broken;	 /* a protocol violation seen while posting: close soon */
 
 	/* scheduler.c's part */

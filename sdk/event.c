@@ -201,8 +201,11 @@ static int convert(struct sm70_client *c, const struct sm70_proto_eqe *q, struct
 		break;
 	case SM70_PROTO_EV_ERROR:
 		ev->type = SM70_EVENT_ERROR;
-		/* A refused CANCEL touched no job; anything else was the job's only event. */
-		if (q->u.error.opcode != SM70_PROTO_OP_CANCEL)
+		/* A refused CANCEL touched no job, nor did an ERROR the daemon marks as not
+		 * final (a tag in use, the session-wide slow-consumer notice); anything else
+		 * was the job's only event. */
+		if (q->u.error.opcode != SM70_PROTO_OP_CANCEL &&
+		    !(q->flags & SM70_PROTO_EVF_NOT_FINAL))
 			ev->flags = SM70_EVENT_FINAL;
 		code = q->u.error.error > 0 ? q->u.error.error : SM70_PROTO_E_INTERNAL;
 		ev->error = -(SM70_E_BASE + code);

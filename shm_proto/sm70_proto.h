@@ -426,6 +426,14 @@ enum sm70_proto_event_type {
 	SM70_PROTO_EV_ERROR = 3,  /* an entry was refused; for a SUBMIT, last event for its tag */
 };
 
+/*
+ * Event flags (since 1.1; a 1.0 client ignores them). An ERROR with EVF_NOT_FINAL ends no
+ * job: it answers an entry that never was the job its tag names (a SUBMIT whose tag an
+ * unfinished job holds, a malformed CANCEL), or it concerns the whole session (tag 0,
+ * opcode 0: the slow-consumer cut-off, PROTOCOL.md section 10).
+ */
+#define SM70_PROTO_EVF_NOT_FINAL (1u << 0)
+
 /* Append-only; a client treats a reason it does not know as ERROR. */
 enum sm70_proto_finish_reason {
 	SM70_PROTO_FINISH_LENGTH = 1,	  /* max_new_tokens reached (or the context limit) */
@@ -513,7 +521,7 @@ SM70_PROTO_AT(sm70_proto_ev_error, message, 8);
  */
 struct sm70_proto_eqe {
 	uint16_t type;	/* sm70_proto_event_type; skip types you do not know */
-	uint16_t flags; /* none defined; ignore */
+	uint16_t flags; /* SM70_PROTO_EVF_*; ignore bits you do not know */
 	uint32_t index; /* TOKEN: 0-based position of the token in the completion; else 0 */
 	uint64_t tag;	/* the entry's tag */
 	union {
