@@ -464,6 +464,15 @@ static void on_event(void *ctx, const struct sm70_event *ev)
 	case SM70_FINISH_CANCELLED:
 		kill_reason(j->kill, &reason, &error);
 		break;
+	case SM70_FINISH_NO_MEMORY:
+		/* PROTOCOL.md section 11: out of memory after the job started */
+		reason = SM70_PROTO_FINISH_ERROR;
+		error = SM70_PROTO_E_NO_MEMORY;
+		sm70__info("session %u: job %llu (tag %llu) outgrew the KV cache (%llu tokens) "
+			   "after %d new tokens: E_NO_MEMORY", j->s->id,
+			   (unsigned long long)j->serial, (unsigned long long)j->tag,
+			   (unsigned long long)d->kv_tokens, ev->completion_tokens);
+		break;
 	case SM70_FINISH_ERROR:
 	default:
 		reason = SM70_PROTO_FINISH_ERROR;

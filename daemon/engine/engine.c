@@ -707,9 +707,10 @@ static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		struct sm70_block_key key;
 
 		if (need > e->pool.n_blocks || need > s->cap_blocks) {
-			/* Only a preempted request that outgrew the whole cache gets here. */
+			/* Only a preempted request that outgrew the whole cache gets here (one
+			 * that reached the context ends with LENGTH before it needs the block). */
 			wait_pop(e);
-			emit_final(e, s, SM70_FINISH_LENGTH, fn, ctx);
+			emit_final(e, s, SM70_FINISH_NO_MEMORY, fn, ctx);
 			seq_destroy(e, s);
 			n_ev++;
 			continue;
@@ -776,7 +777,7 @@ static void reserve_decode_blocks(struct sm70_engine *e)
 		while (blocks_for(e, s->n_toks) > s->n_blocks) {
 			if (s->n_blocks >= s->cap_blocks) {
 				/* It outgrew what the cache can ever give one sequence: only it
-				 * leaves, and admit() ends it with LENGTH. */
+				 * leaves, and admit() ends it with NO_MEMORY. */
 				preempt(e, i--);
 				break;
 			}

@@ -40,6 +40,9 @@ enum sm70_finish {
 	SM70_FINISH_STOP,      /* EOS or a stop token */
 	SM70_FINISH_CANCELLED,
 	SM70_FINISH_ERROR,
+	/* the sequence outgrew the whole KV cache: nothing is reserved for max_new_tokens at
+	 * admission, so one that does not stop in time ends here with the tokens that fit */
+	SM70_FINISH_NO_MEMORY,
 };
 
 /*

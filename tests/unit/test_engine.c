@@ -387,7 +387,7 @@ static void test_prefix_cache_hybrid(void **state)
 	prefix_cache(HYBRID);
 }
 
-/* A request that outgrows the whole KV cache ends with LENGTH once the cache is full,
+/* A request that outgrows the whole KV cache ends with NO_MEMORY once the cache is full,
  * having produced every token that fit; the engine is left idle with all blocks free. */
 static void test_outgrows_cache(void **state)
 {
@@ -409,7 +409,7 @@ static void test_outgrows_cache(void **state)
 	sm70_engine_close(e);
 	printf("10-token prompt, cache of 32 tokens: %d tokens, finish %d\n", o.n[0],
 	       o.finish[0]);
-	assert_int_equal(o.finish[0], SM70_FINISH_LENGTH);
+	assert_int_equal(o.finish[0], SM70_FINISH_NO_MEMORY);
 	assert_int_equal(o.n[0], 32 - 10 + 1); /* the last one needs no KV slot of its own */
 	assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
 }
