@@ -30,6 +30,7 @@ struct sm70__admin_conn {
 	struct sm70__watch *watch;
 	uid_t uid;
 	pid_t pid;
+	int control; /* in admin_control_uids/gids: may drain */
 	struct sm70__admin_conn *next;
 };
 
@@ -44,10 +45,11 @@ static int send_reply(int fd, const char *text)
 	return 0;
 }
 
-/* Sends {"ok": false, "error": why} and forgets the result: for peers being turned away. */
-static void send_error_once(int fd, const char *why)
+/* Sends {"ok": false, "error": why, "code": code} and forgets the result: for peers being
+ * turned away. */
+static void send_error_once(int fd, const char *code, const char *why)
 {
-	json_t *r = json_pack("{s:b, s:s}", "ok", 0, "error", why);
+	json_t *r = json_pack("{s:b, s:s, s:s}", "ok", 0, "error", why, "code", code);
 	char *text = r ? json_dumps(r, JSON_COMPACT) : NULL;
 
 	if (text && send_reply(fd, text))
@@ -91,12 +93,12 @@ static void on_conn(void *arg, int fd, uint32_t revents)
 		return;
 	}
 	if ((size_t)n >= sizeof(buf)) {
-		send_error_once(fd, "request: larger than 4095 bytes");
+		send_error_once(fd, "invalid", "request: larger than 4095 bytes");
 		conn_close(d, c);
 		return;
 	}
 	buf[n] = '\0';
-	if (sm70__admin_handle(d, buf, (size_t)n, &reply) || send_reply(fd, reply)) {
+	if (sm70__admin_handle(d, buf, (size_t)n, c->control, &reply) || send_reply(fd, reply)) {
 		sm70__debug("admin: dropping the connection of pid %d: cannot reply",
 			    (int)c->pid);
 		conn_close(d, c);
@@ -113,7 +115,7 @@ static void on_admin_listen(void *arg, int lfd, uint32_t revents)
 		struct ucred cred;
 		socklen_t len = sizeof(cred);
 		char why[160];
-		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		int control, fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
@@ -124,19 +126,25 @@ static void on_admin_listen(void *arg, int lfd, uint32_t revents)
 			close(fd);
 			continue;
 		}
-		if (!sm70__peer_allowed(fd, cred.uid, cred.gid, d->cfg.admin_allowed_uids,
-						d->cfg.n_admin_allowed_uids, d->cfg.admin_allowed_gids,
-						d->cfg.n_admin_allowed_gids)) {
+		control = sm70__peer_allowed(fd, cred.uid, cred.gid, d->cfg.admin_control_uids,
+					     d->cfg.n_admin_control_uids,
+					     d->cfg.admin_control_gids,
+					     d->cfg.n_admin_control_gids);
+		if (!control && !sm70__peer_allowed(fd, cred.uid, cred.gid,
+						    d->cfg.admin_allowed_uids,
+						    d->cfg.n_admin_allowed_uids,
+						    d->cfg.admin_allowed_gids,
+						    d->cfg.n_admin_allowed_gids)) {
 			snprintf(why, sizeof(why), "denied: uid %u (gid %u) is not in "
-				 "admin_allowed_uids or admin_allowed_gids", (unsigned)cred.uid,
-				 (unsigned)cred.gid);
+				 "admin_allowed_uids/gids (read) or admin_control_uids/gids",
+				 (unsigned)cred.uid, (unsigned)cred.gid);
 			sm70__notice("admin: pid %d %s", (int)cred.pid, why);
-			send_error_once(fd, why);
+			send_error_once(fd, "denied", why);
 			close(fd);
 			continue;
 		}
 		if (d->n_admin_conns >= SM70__ADMIN_MAX_CONNS) {
-			send_error_once(fd, "busy: too many admin connections; retry");
+			send_error_once(fd, "busy", "busy: too many admin connections; retry");
 			close(fd);
 			continue;
 		}
@@ -149,6 +157,7 @@ static void on_admin_listen(void *arg, int lfd, uint32_t revents)
 		c->fd = fd;
 		c->uid = cred.uid;
 		c->pid = cred.pid;
+		c->control = control;
 		if (sm70__loop_watch(d->loop, fd, POLLIN | POLLRDHUP, on_conn, c, &c->watch)) {
 			free(c);
 			close(fd);
@@ -179,13 +188,23 @@ int sm70__admin_open(struct sm70__daemon *d, struct sm70_err *err)
 		return fd;
 	d->admin_fd = fd;
 	d->admin_unlink = 1;
+	if (d->cfg.has_admin_socket_gid &&
+	    chown(d->cfg.admin_socket_path, (uid_t)-1, (gid_t)d->cfg.admin_socket_gid)) {
+		ret = -errno;
+		sm70__admin_close(d);
+		return sm70_errf(err, ret, "admin_socket_group: cannot give %s to gid %u: %s%s",
+				 d->cfg.admin_socket_path, d->cfg.admin_socket_gid, strerror(-ret),
+				 ret == -EPERM ? " (sm70d's user must be a member of the group: "
+				 "SupplementaryGroups= in a drop-in, or an `m sm70 GROUP` line in "
+				 "sysusers.d)" : "");
+	}
 	ret = sm70__loop_watch(d->loop, fd, POLLIN, on_admin_listen, d, &d->admin_watch);
 	if (ret) {
 		sm70__admin_close(d);
 		return sm70_errf(err, ret, "cannot watch the admin socket: %s", strerror(-ret));
 	}
-	sm70__info("admin socket on %s (mode %04o)", d->cfg.admin_socket_path,
-		   d->cfg.admin_socket_mode);
+	sm70__info("admin socket on %s (mode %04o%s)", d->cfg.admin_socket_path,
+		   d->cfg.admin_socket_mode, d->cfg.has_admin_socket_gid ? ", group set" : "");
 	return 0;
 }
 
@@ -424,7 +443,8 @@ static json_t *cmd_drain(struct sm70__daemon *d)
 			 state_name(d), "jobs", (json_int_t)d->n_jobs);
 }
 
-int sm70__admin_handle(struct sm70__daemon *d, const char *req, size_t len, char **reply)
+int sm70__admin_handle(struct sm70__daemon *d, const char *req, size_t len, int control,
+		       char **reply)
 {
 	json_error_t je;
 	json_t *in, *r = NULL;
@@ -453,6 +473,10 @@ int sm70__admin_handle(struct sm70__daemon *d, const char *req, size_t len, char
 		r = cmd_clients(d);
 	} else if (strcmp(cmd, "health") == 0) {
 		r = cmd_health(d);
+	} else if (strcmp(cmd, "drain") == 0 && !control) {
+		r = json_pack("{s:b, s:s, s:s}", "ok", 0, "code", "denied", "error", "denied: "
+			      "this uid may read the admin socket but not drain sm70d (that takes "
+			      "admin_control_uids or admin_control_gids)");
 	} else if (strcmp(cmd, "drain") == 0) {
 		r = cmd_drain(d);
 	} else {

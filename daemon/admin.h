@@ -6,7 +6,9 @@
  * that does not read its replies is disconnected). Replies are kept under
  * SM70__ADMIN_MSG_MAX bytes: the jobs and clients lists stop at a bound and say so
  * ("truncated": true, "total": n). Access: SO_PEERCRED against admin_allowed_uids /
- * admin_allowed_gids (default root and the daemon's uid). Commands and replies are in
+ * admin_allowed_gids (may read: status, metrics, jobs, clients, health) and
+ * admin_control_uids / admin_control_gids (may also drain); both default to root and the
+ * daemon's uid. Error replies carry "code": "denied", "busy" or "invalid". Commands and replies are in
  * docs/OBSERVABILITY.md. Non-goals: changing the configuration, cancelling single jobs,
  * socket activation of this socket.
  */
@@ -29,9 +31,11 @@ int sm70__admin_open(struct sm70__daemon *d, struct sm70_err *err);
 /* Closes every admin connection and the listener; unlinks the socket file we created. */
 void sm70__admin_close(struct sm70__daemon *d);
 
-/* Answers one request (the JSON text req, len bytes) with a malloc'd NUL-terminated JSON
- * reply in *reply (the caller frees it). Never fails: a bad request gets
- * {"ok": false, "error": "..."}; returns -ENOMEM only when no reply could be built. */
-int sm70__admin_handle(struct sm70__daemon *d, const char *req, size_t len, char **reply);
+/* Answers one request (the JSON text req, len bytes) of a peer that may control (drain)
+ * or only read, with a malloc'd NUL-terminated JSON reply in *reply (the caller frees it).
+ * Never fails: a bad or forbidden request gets {"ok": false, "error": "...", "code": ...};
+ * returns -ENOMEM only when no reply could be built. */
+int sm70__admin_handle(struct sm70__daemon *d, const char *req, size_t len, int control,
+		       char **reply);
 
 #endif

@@ -38,6 +38,7 @@ enum key_type {
 	K_MODE,	  /* a file mode: integer or octal string such as "0660" */
 	K_UIDS,	  /* list of uids: integers or user names */
 	K_GIDS,	  /* list of gids: integers or group names */
+	K_GID,	  /* one gid: integer or group name; off_n flags it as set */
 	K_LIST,	  /* list of integers in min..max (gpus) */
 	K_OBJ,	  /* a nested object with its own table */
 };
@@ -125,6 +126,9 @@ static const struct key top_keys[] = {
 	NUM("admin_socket_mode", K_MODE, admin_socket_mode, 0, 07777),
 	IDS("admin_allowed_uids", K_UIDS, admin_allowed_uids, n_admin_allowed_uids),
 	IDS("admin_allowed_gids", K_GIDS, admin_allowed_gids, n_admin_allowed_gids),
+	IDS("admin_control_uids", K_UIDS, admin_control_uids, n_admin_control_uids),
+	IDS("admin_control_gids", K_GIDS, admin_control_gids, n_admin_control_gids),
+	IDS("admin_socket_group", K_GID, admin_socket_gid, has_admin_socket_gid),
 	OBJ("limits", limits_keys),
 	OBJ("engine", engine_keys),
 	OBJ("fast_paths", fast_keys),
@@ -162,6 +166,9 @@ void sm70__config_default(struct sm70__config *c)
 	c->admin_allowed_uids[c->n_admin_allowed_uids++] = 0;
 	if (getuid() != 0)
 		c->admin_allowed_uids[c->n_admin_allowed_uids++] = (uint32_t)getuid();
+	c->admin_control_uids[c->n_admin_control_uids++] = 0;
+	if (getuid() != 0)
+		c->admin_control_uids[c->n_admin_control_uids++] = (uint32_t)getuid();
 	c->limits.max_jobs_in_flight = 64;
 	c->limits.max_prompt_tokens = 32768;
 	c->limits.max_new_tokens = 8192;
@@ -342,6 +349,17 @@ bad_mode:
 	case K_GIDS:
 		return parse_ids(v, k->type == K_GIDS, (uint32_t *)(base + k->off),
 				 (uint32_t *)(base + k->off_n), key, err);
+	case K_GID: {
+		int ret = parse_id(v, 1, (uint32_t *)(base + k->off));
+
+		if (ret == -ENOENT)
+			return sm70_errf(err, -EINVAL, "%s: no group named '%s'", key,
+					 json_string_value(v));
+		if (ret)
+			return sm70_errf(err, -EINVAL, "%s: must be a gid or a group name", key);
+		*(uint32_t *)(base + k->off_n) = 1;
+		return 0;
+	}
 	case K_LIST: {
 		uint32_t *arr = (uint32_t *)(base + k->off);
 		size_t i;

@@ -52,6 +52,17 @@ struct sm70__config {
 	uint32_t n_admin_allowed_uids;
 	uint32_t admin_allowed_gids[SM70__CFG_MAX_IDS];
 	uint32_t n_admin_allowed_gids;
+	/* Who may also control the daemon (drain): the lists above may only read (status,
+	 * metrics, jobs, clients, health). A controller may read too. Default: root and the
+	 * daemon's uid. */
+	uint32_t admin_control_uids[SM70__CFG_MAX_IDS];
+	uint32_t n_admin_control_uids;
+	uint32_t admin_control_gids[SM70__CFG_MAX_IDS];
+	uint32_t n_admin_control_gids;
+	/* The admin socket file's group (chown after bind; the daemon must be a member), so
+	 * that admin_socket_mode can open it to that group. */
+	uint32_t admin_socket_gid;
+	uint32_t has_admin_socket_gid;
 
 	struct {
 		uint32_t max_jobs_in_flight;

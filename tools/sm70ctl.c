@@ -7,9 +7,11 @@
  * Human tables by default, the daemon's JSON reply with --json (metrics: the Prometheus
  * text without it). -l repeats the command every SECONDS until interrupted; status then
  * shows tokens/s over that interval. Exit status: 0 ok; 1 the daemon answered no (health
- * check failed, or an error reply such as access denied); 2 usage; 3 sm70d is not running
- * (cannot connect to the admin socket); 4 unknown (no reply, a reply that is not the JSON
- * this tool expects, or a state it does not know). docs/OBSERVABILITY.md has the details.
+ * check failed, an error reply); 2 usage; 3 sm70d is not running (nothing at the path, or
+ * nothing listening); 4 unknown (no reply in time, or a state this tool does not know);
+ * 5 permission denied (by the socket file's mode, or by the daemon's admin access lists);
+ * 6 not an sm70 admin socket (not a socket, another socket type, sm70d's client socket, or
+ * a reply that is not sm70d's JSON). docs/OBSERVABILITY.md has the details.
  * Non-goals: changing the daemon's configuration, talking to the client socket.
  */
 #include <errno.h>
@@ -17,10 +19,12 @@
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +42,8 @@ enum {
 	EXIT_USAGE = 2,
 	EXIT_NOT_RUNNING = 3,
 	EXIT_UNKNOWN = 4,
+	EXIT_DENIED = 5,
+	EXIT_NOT_ADMIN = 6,
 };
 
 static void usage(FILE *f)
@@ -58,20 +64,24 @@ static void usage(FILE *f)
 		"                  else %s if the first does not exist)\n"
 		"  --json          print the daemon's JSON reply\n"
 		"  -l SECONDS      repeat every SECONDS\n"
-		"exit status: 0 ok, 1 the daemon said no, 2 usage, 3 not running, 4 unknown\n",
+		"exit status: 0 ok, 1 the daemon said no, 2 usage, 3 not running, 4 unknown,\n"
+		"             5 permission denied, 6 not an sm70 admin socket\n",
 		DEFAULT_ADMIN_SOCKET, FALLBACK_ADMIN_SOCKET);
 }
 
 /* ---- the request -------------------------------------------------------------------- */
 
-/* Connects to path. Returns the fd or -errno. */
+/* Connects to path. Returns the fd or -errno (-ENOTSOCK: path is no socket). */
 static int admin_connect(const char *path)
 {
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	struct stat st;
 	int fd;
 
 	if (strlen(path) >= sizeof(a.sun_path))
 		return -ENAMETOOLONG;
+	if (stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+		return -ENOTSOCK; /* connect would say ECONNREFUSED: "not running" */
 	memcpy(a.sun_path, path, strlen(path) + 1);
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0)
@@ -85,9 +95,35 @@ static int admin_connect(const char *path)
 	return fd;
 }
 
+/* The exit status and message for a failed connect. */
+static int connect_failed(const char *path, int err)
+{
+	switch (err) {
+	case -ENOENT:
+	case -ECONNREFUSED:
+		fprintf(stderr, "sm70ctl: sm70d is not running: nothing %s %s\n",
+			err == -ENOENT ? "at" : "listens on", path);
+		return EXIT_NOT_RUNNING;
+	case -EACCES:
+	case -EPERM:
+		fprintf(stderr, "sm70ctl: permission denied: %s does not let this user in (its "
+			"mode and group, admin_socket_mode / admin_socket_group)\n", path);
+		return EXIT_DENIED;
+	case -ENOTSOCK:
+	case -EPROTOTYPE:
+		fprintf(stderr, "sm70ctl: %s is not an sm70 admin socket (%s)\n", path,
+			err == -ENOTSOCK ? "not a socket" : "not a SOCK_SEQPACKET socket");
+		return EXIT_NOT_ADMIN;
+	default:
+		fprintf(stderr, "sm70ctl: cannot connect to %s: %s\n", path, strerror(-err));
+		return EXIT_NOT_RUNNING;
+	}
+}
+
 /* Sends {"cmd": cmd} on fd and returns the parsed reply in *out (caller decrefs), the raw
- * text in raw (REPLY_MAX bytes). Returns an exit status: EXIT_OK, or EXIT_UNKNOWN with a
- * message printed. */
+ * text in raw (REPLY_MAX bytes). Returns an exit status: EXIT_OK, or EXIT_UNKNOWN /
+ * EXIT_NOT_ADMIN with a message printed. A daemon that turns this uid away sends its
+ * reply at accept and closes, so a failed send still reads what came. */
 static int request(int fd, const char *cmd, json_t **out, char *raw)
 {
 	char req[128];
@@ -98,7 +134,8 @@ static int request(int fd, const char *cmd, json_t **out, char *raw)
 
 	*out = NULL;
 	len = snprintf(req, sizeof(req), "{\"cmd\":\"%s\"}", cmd);
-	if (send(fd, req, (size_t)len, MSG_NOSIGNAL) != len) {
+	if (send(fd, req, (size_t)len, MSG_NOSIGNAL) != len && errno != EPIPE &&
+	    errno != ECONNRESET) {
 		fprintf(stderr, "sm70ctl: cannot send the request: %s\n", strerror(errno));
 		return EXIT_UNKNOWN;
 	}
@@ -107,6 +144,13 @@ static int request(int fd, const char *cmd, json_t **out, char *raw)
 		return EXIT_UNKNOWN;
 	}
 	n = recv(fd, raw, REPLY_MAX - 1, 0);
+	if (n < 0 && errno == ECONNRESET) {
+		/* A daemon that closed with our request unread (a refusal at accept) makes the
+		 * first recv report the reset ahead of the reply it queued: read that. */
+		n = recv(fd, raw, REPLY_MAX - 1, MSG_DONTWAIT);
+		if (n < 0)
+			errno = ECONNRESET;
+	}
 	if (n <= 0) {
 		fprintf(stderr, "sm70ctl: the daemon closed the connection without a reply%s%s\n",
 			n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
@@ -115,10 +159,20 @@ static int request(int fd, const char *cmd, json_t **out, char *raw)
 	raw[n] = '\0';
 	*out = json_loads(raw, 0, &je);
 	if (!json_is_object(*out) || !json_is_boolean(json_object_get(*out, "ok"))) {
-		fprintf(stderr, "sm70ctl: unexpected reply: %.200s\n", raw);
+		uint32_t magic = 0;
+
+		if (n >= 8)
+			memcpy(&magic, raw + 4, sizeof(magic));
+		if (magic == 0x30374d53u) /* SM70_PROTO_MAGIC: a protocol record */
+			fprintf(stderr, "sm70ctl: not an sm70 admin socket: it answers with sm70d's "
+				"client protocol (the client socket? the admin socket is "
+				DEFAULT_ADMIN_SOCKET " or <socket>.admin)\n");
+		else
+			fprintf(stderr, "sm70ctl: not an sm70 admin socket: the reply is not sm70d's "
+				"JSON: %.100s\n", raw);
 		json_decref(*out);
 		*out = NULL;
-		return EXIT_UNKNOWN;
+		return EXIT_NOT_ADMIN;
 	}
 	return EXIT_OK;
 }
@@ -307,6 +361,18 @@ static void print_clients(json_t *r)
 
 /* ---- commands ---------------------------------------------------------------------- */
 
+/* An {"ok": false} reply: its message, and EXIT_DENIED for an access refusal ("code":
+ * "denied") or EXIT_NO. Decrefs r. */
+static int said_no(json_t *r, const char *what)
+{
+	int denied = strcmp(str(r, "code"), "denied") == 0;
+
+	fprintf(stderr, "sm70ctl: %s%s: %s\n", denied ? "permission denied: " : "", what,
+		str(r, "error"));
+	json_decref(r);
+	return denied ? EXIT_DENIED : EXIT_NO;
+}
+
 struct ctl {
 	const char *socket;
 	const char *fallback; /* tried when socket does not exist; NULL: none */
@@ -326,11 +392,8 @@ static int run_once(struct ctl *c, int fd)
 
 	if (ret)
 		return ret;
-	if (!json_is_true(json_object_get(r, "ok"))) {
-		fprintf(stderr, "sm70ctl: %s: %s\n", c->cmd, str(r, "error"));
-		json_decref(r);
-		return EXIT_NO;
-	}
+	if (!json_is_true(json_object_get(r, "ok")))
+		return said_no(r, c->cmd);
 	if (strcmp(c->cmd, "health") == 0) {
 		json_t *v = json_object_get(r, c->check);
 
@@ -387,11 +450,8 @@ static int run_drain(struct ctl *c, int fd)
 
 	if (ret)
 		return ret;
-	if (!json_is_true(json_object_get(r, "ok"))) {
-		fprintf(stderr, "sm70ctl: drain: %s\n", str(r, "error"));
-		json_decref(r);
-		return EXIT_NO;
-	}
+	if (!json_is_true(json_object_get(r, "ok")))
+		return said_no(r, "drain");
 	left = inum(r, "jobs");
 	if (!c->json)
 		printf("draining: no new jobs accepted; waiting for %lld jobs\n", left);
@@ -498,11 +558,8 @@ int main(int argc, char **argv)
 		if (fd != -ENOENT)
 			c.socket = c.fallback;
 	}
-	if (fd < 0) {
-		fprintf(stderr, "sm70ctl: cannot connect to %s: %s (is sm70d running?)\n",
-			c.socket, strerror(-fd));
-		return EXIT_NOT_RUNNING;
-	}
+	if (fd < 0)
+		return connect_failed(c.socket, fd);
 	if (strcmp(c.cmd, "drain") == 0) {
 		ret = run_drain(&c, fd);
 	} else {

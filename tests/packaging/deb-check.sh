@@ -352,6 +352,21 @@ if "$CTR" boot "$CDIR" >"$T/boot.out" 2>&1; then
 	check "sm70ctl status under systemd names the model" \
 		sh -c "'$CTR' run '$CDIR' /usr/sbin/sm70ctl --json status | grep -q '\"model\"'"
 	ctr setpriv --reuid=sm70-check-out --regid=nogroup --init-groups -- \
+		/usr/sbin/sm70ctl status >"$T/ctl5" 2>&1
+	crc=$?
+	if [ $crc -eq 5 ] && grep -q 'permission denied' "$T/ctl5"; then
+		pass "sm70ctl as a user the admin socket keeps out: exit 5, $(cat "$T/ctl5")"
+	else
+		fail "sm70ctl as an outsider: rc $crc (want 5)"; sed 's/^/      | /' "$T/ctl5"
+	fi
+	ctr /usr/sbin/sm70ctl --socket "$s_path" status >"$T/ctl6" 2>&1
+	crc=$?
+	if [ $crc -eq 6 ] && grep -q 'not an sm70 admin socket' "$T/ctl6"; then
+		pass "sm70ctl pointed at the client socket: exit 6 (not an sm70 admin socket)"
+	else
+		fail "sm70ctl on the client socket: rc $crc (want 6)"; sed 's/^/      | /' "$T/ctl6"
+	fi
+	ctr setpriv --reuid=sm70-check-out --regid=nogroup --init-groups -- \
 		/usr/bin/sm70-generate --prompt-ids "$prompt" -n 4 >"$T/out2" 2>&1
 	if [ $? -ne 0 ] && grep -q 'Permission denied' "$T/out2"; then
 		pass "a user outside $s_group is refused (Permission denied)"

@@ -66,6 +66,8 @@ static void test_defaults_and_check(void **state)
 	assert_int_equal(c.engine.prefix_cache, 1);
 	assert_string_equal(c.engine.kv_dtype, "auto");
 	assert_int_equal(c.admin_allowed_uids[0], 0);
+	assert_int_equal(c.admin_control_uids[0], 0);
+	assert_int_equal(c.has_admin_socket_gid, 0);
 	assert_int_equal(c.admin_socket_path[0], '\0');
 	/* no model directory yet */
 	assert_int_equal(sm70__config_check(&c, &err), -EINVAL);
@@ -89,7 +91,8 @@ static void test_every_key(void **state)
 		" \"allowed_uids\": [0, \"root\", 1000], \"allowed_gids\": [\"root\", 5],"
 		" \"max_sessions\": 8, \"admin_socket\": \"/tmp/x.admin\","
 		" \"admin_socket_mode\": 384, \"admin_allowed_uids\": [7],"
-		" \"admin_allowed_gids\": [0],"
+		" \"admin_allowed_gids\": [0], \"admin_control_uids\": [8],"
+		" \"admin_control_gids\": [\"root\"], \"admin_socket_group\": \"root\","
 		" \"limits\": {\"max_jobs_in_flight\": 5, \"max_prompt_tokens\": 100,"
 		"   \"max_new_tokens\": 50, \"max_context_tokens\": 0, \"max_priority\": 1,"
 		"   \"max_top_logprobs\": 2},"
@@ -122,6 +125,11 @@ static void test_every_key(void **state)
 	assert_int_equal(c.n_admin_allowed_uids, 1);
 	assert_int_equal(c.admin_allowed_uids[0], 7);
 	assert_int_equal(c.n_admin_allowed_gids, 1);
+	assert_int_equal(c.n_admin_control_uids, 1);
+	assert_int_equal(c.admin_control_uids[0], 8);
+	assert_int_equal(c.admin_control_gids[0], 0);
+	assert_int_equal(c.has_admin_socket_gid, 1);
+	assert_int_equal(c.admin_socket_gid, 0);
 	assert_int_equal(c.limits.max_jobs_in_flight, 5);
 	assert_int_equal(c.limits.max_top_logprobs, 2);
 	assert_int_equal(c.engine.max_seqs, 4);
@@ -166,6 +174,10 @@ static void test_wrong_types(void **state)
 		     "allowed_uids[0]: must be a non-negative integer or a name");
 	expect_error("{\"admin_allowed_gids\": [\"no-such-group-sm70\"]}", -EINVAL,
 		     "admin_allowed_gids[0]: no group named 'no-such-group-sm70'");
+	expect_error("{\"admin_socket_group\": \"no-such-group-sm70\"}", -EINVAL,
+		     "admin_socket_group: no group named 'no-such-group-sm70'");
+	expect_error("{\"admin_socket_group\": [0]}", -EINVAL,
+		     "admin_socket_group: must be a gid or a group name");
 	expect_error("{\"socket_mode\": \"rw\"}", -EINVAL,
 		     "socket_mode: must be a file mode such as \"0660\"");
 	expect_error("{\"engine\": {\"kv_memory_fraction\": \"half\"}}", -EINVAL,
