@@ -69,6 +69,21 @@ void sm70__cuda_gated_rmsnorm(struct sm70_backend *be, void *x, const void *z, i
 			      const float *w, int n, int n_heads, int dim, float eps);
 void sm70__cuda_sigmoid_mul(struct sm70_backend *be, void *x, const void *gate, int ld, int n,
 			    int dim);
+void sm70__cuda_moe_route(struct sm70_backend *be, const struct sm70_moe_route *route,
+			  const float *logits, int ld, int n, int n_experts, int k, int renorm);
+void sm70__cuda_moe_experts(struct sm70_backend *be, void *out, const void *x,
+			    const struct sm70_experts *gate_up, const struct sm70_experts *down,
+			    const struct sm70_moe_route *route, int n, int k, void *mid,
+			    float *part);
+/* Benchmark and test hook (sm70-bench moe, test_cuda_moe) for moe_experts: path 1 the
+ * reference kernels, 0 the grouped ones, -1 (the default) SM70_MOE from the environment;
+ * variant, the grouped kernels' tile shapes (0, the default, to 4); passes, a mask of the
+ * launches to queue (1 gate_up, 2 down, 4 combine; 0, the default: all), for timing them
+ * apart. Process-wide, read when an op is queued (a captured graph keeps what it was
+ * captured with); not thread-safe; the engine never calls it. */
+void sm70__cuda_moe_tune(int path, int variant, int passes);
+void sm70__cuda_sigmoid_scale_add(struct sm70_backend *be, void *out, const void *x,
+				  const float *gate, int ld, int n, int dim);
 /* Benchmark helper (tests/gpu): median microseconds of `iters` sample calls, timed with
  * CUDA events on the backend's stream. Returns 0 or -errno. */
 int sm70__cuda_sample_time(struct sm70_backend *be, struct sm70_sample_result *out,
