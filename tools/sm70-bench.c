@@ -1,7 +1,7 @@
 /*
  * sm70-bench - the benchmark driver.
  *
- *   sm70-bench bw|gemv|attention|prefill|gdn|all [--iters N] [--device N]
+ *   sm70-bench bw|gemv|attention|prefill|gdn|moe|all [--iters N] [--device N]
  *   sm70-bench decode -m MODEL_DIR ...      end-to-end decode (tools/bench/decode.c)
  *   sm70-bench ipc ...                      the transport alone (tools/bench/ipc.c)
  *
@@ -14,7 +14,10 @@
  * DeltaNet recurrence (the gdn op) on Qwen3.5-27B's layer shape: the decode update at B1,
  * B8 and B16 against the bandwidth of its state traffic, and one 8K-token prompt in the
  * chunked form against the recurrence and against 8K one-token decode calls (not part of
- * `all`).
+ * `all`). `moe` times an MoE layer's routed experts (the moe_experts op) at B1, B8 and B16
+ * on a Qwen3-30B-A3B-like and a Qwen3-Next / Qwen3.5-MoE-like shape, counting the bytes
+ * of the experts the batch chose, on the grouped path beside the reference path (not
+ * part of `all`).
  *
  * Every row prints the median time of one op, the bytes it must read over that time, and
  * that as a fraction of the read bandwidth (a plain read kernel) and of the D2D copy
@@ -38,7 +41,8 @@ struct ref_bw {
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: sm70-bench bw|gemv|attention|prefill|gdn|all [--iters N] [--device N]\n"
+	fprintf(f, "usage: sm70-bench bw|gemv|attention|prefill|gdn|moe|all [--iters N] "
+		   "[--device N]\n"
 		   "       sm70-bench decode -m MODEL_DIR [options]   (decode --help)\n"
 		   "       sm70-bench ipc [options]                   (ipc --help)\n"
 		   "       sm70-bench allreduce [--gpus N] [--json]   (allreduce --help)\n");
@@ -256,6 +260,72 @@ static int run_gdn(int iters, const struct ref_bw *bw)
 	return 0;
 }
 
+/*
+ * One MoE layer's routed experts: hidden 2048 with 128 experts of 768, top-8 (Qwen3-30B-A3B)
+ * and 512 experts of 512, top-10 (Qwen3-Next-80B-A3B, Qwen3.5-MoE). %read counts only the
+ * chosen experts' weights. A second table splits the grouped path into its launches and
+ * times its other tile variants.
+ */
+static int run_moe(int iters, const struct ref_bw *bw)
+{
+	static const struct {
+		const char *name;
+		int hidden, inter, n_experts, top_k;
+	} shapes[] = {
+		{ "30b-a3b", 2048, 768, 128, 8 },
+		{ "next", 2048, 512, 512, 10 },
+	};
+	static const int batches[] = { 1, 8, 16 };
+	struct sm70__bench_moe r[6];
+	int ret;
+
+	printf("\n== MoE routed experts (moe_experts op), hidden 2048: 30b-a3b 128 x 768 top-8, "
+	       "next 512 x 512 top-10; median of %d\n", iters);
+	printf("bytes: distinct experts a call reads x their gate_up + down bytes (f16), the mean "
+	       "over 16 random routings, a call each in turn; us: grouped path, calls replayed "
+	       "from a CUDA graph; eager: queued one by one; ref: the reference path "
+	       "(SM70_MOE=reference, one assignment at a time), graph; route: moe_route alone; "
+	       "max rel: grouped vs ref\n");
+	header("experts eager us   ref us ref %read  x ref route us  max rel");
+	for (size_t s = 0; s < 2; s++) {
+		for (size_t bi = 0; bi < 3; bi++) {
+			struct sm70__bench_moe *q = &r[s * 3 + bi];
+			char name[64], extra[160];
+
+			ret = sm70__bench_moe(shapes[s].hidden, shapes[s].inter, shapes[s].n_experts,
+					      shapes[s].top_k, batches[bi], iters, q);
+			if (ret) {
+				fprintf(stderr, "sm70-bench: moe %s: error %d\n", shapes[s].name,
+					ret);
+				return ret;
+			}
+			snprintf(name, sizeof(name), "moe %s B%d", shapes[s].name, batches[bi]);
+			snprintf(extra, sizeof(extra), "%7.1f %8.2f %8.2f %8.1f%% %5.2fx %8.2f  %.1e",
+				 q->experts, q->us_eager, q->us_ref,
+				 100.0 * q->bytes / q->us_ref * 1e-3 / bw->read, q->us_ref / q->us,
+				 q->us_route, q->max_rel);
+			row(name, q->us, q->bytes, bw, extra);
+		}
+	}
+	printf("\n== MoE grouped path apart (graph): its launches alone (gate_up and down with "
+	       "%%read of their own bytes), and the other tile variants (us)\n");
+	printf("%-20s %9s %14s %14s %8s %8s %8s %8s %8s\n", "case", "v0 us", "gate_up (%read)",
+	       "down (%read)", "comb us", "v1 us", "v2 us", "v3 us", "v4 us");
+	for (size_t i = 0; i < 6; i++) {
+		const struct sm70__bench_moe *q = &r[i];
+		char name[64], gu[32], dn[32];
+
+		snprintf(name, sizeof(name), "moe %s B%d", shapes[i / 3].name, batches[i % 3]);
+		snprintf(gu, sizeof(gu), "%.2f (%.0f%%)", q->us_pass[0],
+			 100.0 * q->bytes * 2 / 3 / q->us_pass[0] * 1e-3 / bw->read);
+		snprintf(dn, sizeof(dn), "%.2f (%.0f%%)", q->us_pass[1],
+			 100.0 * q->bytes / 3 / q->us_pass[1] * 1e-3 / bw->read);
+		printf("%-20s %9.2f %14s %14s %8.2f %8.2f %8.2f %8.2f %8.2f\n", name, q->us, gu, dn,
+		       q->us_pass[2], q->us_var[0], q->us_var[1], q->us_var[2], q->us_var[3]);
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *what = NULL;
@@ -279,7 +349,8 @@ int main(int argc, char **argv)
 			return 0;
 		} else if (!what && (!strcmp(argv[i], "bw") || !strcmp(argv[i], "gemv") ||
 				     !strcmp(argv[i], "attention") || !strcmp(argv[i], "prefill") ||
-				     !strcmp(argv[i], "gdn") || !strcmp(argv[i], "all"))) {
+				     !strcmp(argv[i], "gdn") || !strcmp(argv[i], "moe") ||
+				     !strcmp(argv[i], "all"))) {
 			what = argv[i];
 		} else {
 			usage(stderr);
@@ -313,6 +384,8 @@ int main(int argc, char **argv)
 		ret = run_prefill(iters);
 	if (!ret && !strcmp(what, "gdn"))
 		ret = run_gdn(iters, &bw);
+	if (!ret && !strcmp(what, "moe"))
+		ret = run_moe(iters, &bw);
 	sm70__bench_close();
 	return ret ? 1 : 0;
 }

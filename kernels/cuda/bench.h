@@ -1,8 +1,9 @@
 /*
  * bench.h - device-side helpers of the sm70-bench tool: a read-bandwidth kernel, timed
  * runs of the CUDA backend's matmul and attention ops on decode shapes (and attention on a
- * prefill chunk), cuBLAS as the GEMV baseline, and the GDN recurrence (gdn op) on decode
- * and prefill shapes (kernels/cuda/bench_gdn.cu).
+ * prefill chunk), cuBLAS as the GEMV baseline, the GDN recurrence (gdn op) on decode
+ * and prefill shapes (kernels/cuda/bench_gdn.cu), and an MoE layer's routed experts
+ * (moe_experts, moe_route; kernels/cuda/bench_moe.cu).
  *
  * A plain C header (tools are compiled by gcc without SM70_HAVE_CUDA): CUDA builds get the
  * implementation in kernels/cuda/bench.cu, CPU-only builds the versions in
@@ -100,5 +101,23 @@ struct sm70__bench_gdn_prefill {
  * tokens (positions 1000..), shapes as sm70__bench_gdn_decode. Returns 0 or -errno. */
 int sm70__bench_gdn_prefill(int n_k_heads, int n_v_heads, int k_dim, int v_dim, int tokens,
 			    int iters, struct sm70__bench_gdn_prefill *out);
+
+struct sm70__bench_moe {
+	double us;        /* moe_experts on the grouped path, calls replayed from a CUDA graph */
+	double us_eager;  /* the same calls queued one by one */
+	double us_var[4]; /* the grouped path's tile variants 1 to 4 (graph) */
+	double us_pass[3]; /* the grouped path's gate_up, down and combine launches alone */
+	double us_ref;    /* the reference path (SM70_MOE=reference), graph */
+	double us_route;  /* moe_route alone on the same logits, graph */
+	double experts;   /* distinct experts a call reads, the mean over the routings */
+	double bytes;     /* those experts' gate_up + down bytes (f16), the same mean */
+	double max_rel;   /* grouped vs reference on one routing: max |diff| / max |ref| */
+};
+
+/* One MoE layer's routed experts (moe_experts) for `batch` tokens of `hidden`, experts of
+ * `inter`, top_k of n_experts, over 16 routings from random router logits (a call each, in
+ * turn), with every path timed in the same run. Returns 0 or -errno. */
+int sm70__bench_moe(int hidden, int inter, int n_experts, int top_k, int batch, int iters,
+		    struct sm70__bench_moe *out);
 
 #endif

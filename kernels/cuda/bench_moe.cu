@@ -1,0 +1,303 @@
+/*
+ * bench_moe.cu - what `sm70-bench moe` times (see bench.h): one MoE layer's routed experts
+ * (the moe_experts op) at decode batch sizes, on the grouped path (each tile variant) and
+ * the reference path in the same run, and the moe_route op, through the backend
+ * sm70__bench_open made, on its stream.
+ *
+ * MB_ROUTES routings come from uniform random router logits (moe_route, renormalised),
+ * so a call reads the experts its tokens chose and no two consecutive calls read the same
+ * set; a layer's stack is one copy, larger than L2 many times over, and even one call's
+ * experts (8 x 9.4 MB at B1 on the 30B shape) exceed it. A sample is MB_ROUTES calls,
+ * each on the next routing, captured into one CUDA graph and replayed (how the engine
+ * decodes) or queued one by one; the figure is the median sample over its call count,
+ * after 3 warm-up samples. Bytes count only the selected experts: distinct experts (the
+ * route's n_used, read back after the timing) times one expert's gate_up + down bytes,
+ * averaged over the routings. Inputs are pseudo-random, made on the device by a hash.
+ *
+ * Non-goals: correctness beyond grouped vs reference on one routing
+ * (tests/gpu/test_cuda_moe.c); the router matmul and the shared expert.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_check.h"
+
+extern "C" {
+#include "kernels/cuda/bench.h"
+}
+
+#define MB_ROUTES 16
+
+#define MCHECK(call)                                                                     \
+	do {                                                                             \
+		cudaError_t e_ = (call);                                                 \
+		if (e_ != cudaSuccess) {                                                 \
+			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,    \
+				cudaGetErrorString(e_));                                 \
+			ret = -EIO;                                                      \
+			goto out;                                                        \
+		}                                                                        \
+	} while (0)
+
+static __device__ __forceinline__ uint32_t mb_hash(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ULL;
+	x ^= x >> 33;
+	return (uint32_t)x;
+}
+
+/* f16 (f32 when f32 is set) values uniform in [-amp, amp). */
+static __global__ void mb_fill_kernel(void *p, size_t n, uint64_t seed, float amp, int f32)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const float u = (float)(mb_hash(seed + i) >> 8) * 0x1p-24f;
+		const float v = (2.0f * u - 1.0f) * amp;
+
+		if (f32)
+			((float *)p)[i] = v;
+		else
+			((__half *)p)[i] = __float2half_rn(v);
+	}
+}
+
+static int mb_fill(cudaStream_t s, void *p, size_t n, uint64_t seed, float amp, int f32)
+{
+	mb_fill_kernel<<<1024, 256, 0, s>>>(p, n, seed, amp, f32);
+	return cudaGetLastError() == cudaSuccess ? 0 : -EIO;
+}
+
+static int mb_cmp(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* One layer's experts, routings and buffers on the device. */
+struct mb_ctx {
+	struct sm70_backend *be;
+	struct sm70_experts gu, dn;
+	struct sm70_moe_route r[MB_ROUTES];
+	int32_t *ints;   /* every route's arrays */
+	float *rw;       /* every route's weights */
+	float *logits;   /* [MB_ROUTES][n][E] */
+	void *x, *mid, *out;
+	float *part;
+	int n, k, E;
+};
+
+typedef void (*mb_op)(struct mb_ctx *m, int i);
+
+static void mb_experts(struct mb_ctx *m, int i)
+{
+	m->be->ops->moe_experts(m->be, m->out, m->x, &m->gu, &m->dn, &m->r[i % MB_ROUTES], m->n,
+				m->k, m->mid, m->part);
+}
+
+static void mb_route(struct mb_ctx *m, int i)
+{
+	m->be->ops->moe_route(m->be, &m->r[i % MB_ROUTES],
+			      m->logits + (size_t)(i % MB_ROUTES) * m->n * m->E, m->E, m->n,
+			      m->E, m->k, 1);
+}
+
+/* Median microseconds of one call of op over samples of MB_ROUTES calls, captured into a
+ * graph (graph set) or queued one by one. */
+static int mb_time(struct mb_ctx *m, mb_op op, int graph, int iters, double *us)
+{
+	struct sm70__cuda *c = (struct sm70__cuda *)m->be->priv;
+	double *t = (double *)calloc((size_t)iters, sizeof(double));
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	void *g = NULL;
+	int ret = 0;
+
+	if (!t)
+		return -ENOMEM;
+	MCHECK(cudaEventCreate(&e0));
+	MCHECK(cudaEventCreate(&e1));
+	if (graph) {
+		ret = m->be->ops->graph_begin(m->be);
+		if (ret)
+			goto out;
+		for (int i = 0; i < MB_ROUTES; i++)
+			op(m, i);
+		ret = m->be->ops->graph_end(m->be, &g);
+		if (ret)
+			goto out;
+	}
+	for (int it = -3; it < iters; it++) {
+		float ms = 0.0f;
+
+		MCHECK(cudaEventRecord(e0, c->stream));
+		if (graph) {
+			ret = m->be->ops->graph_launch(m->be, g);
+			if (ret)
+				goto out;
+		} else {
+			for (int i = 0; i < MB_ROUTES; i++)
+				op(m, i);
+		}
+		MCHECK(cudaEventRecord(e1, c->stream));
+		MCHECK(cudaEventSynchronize(e1));
+		MCHECK(cudaEventElapsedTime(&ms, e0, e1));
+		if (it >= 0)
+			t[it] = (double)ms * 1e3 / MB_ROUTES;
+	}
+	qsort(t, (size_t)iters, sizeof(double), mb_cmp);
+	*us = t[iters / 2];
+	if (c->sticky)
+		ret = -EIO;
+out:
+	if (g)
+		m->be->ops->graph_destroy(m->be, g);
+	if (e1)
+		cudaEventDestroy(e1);
+	if (e0)
+		cudaEventDestroy(e0);
+	free(t);
+	return ret;
+}
+
+/* out of route 0 as floats (host, n * hidden) on path/variant. */
+static int mb_out(struct mb_ctx *m, int path, int variant, float *dst)
+{
+	struct sm70__cuda *c = (struct sm70__cuda *)m->be->priv;
+	const size_t count = (size_t)m->n * m->gu.cols;
+	__half *h = (__half *)malloc(count * sizeof(__half));
+	int ret = 0;
+
+	if (!h)
+		return -ENOMEM;
+	sm70__cuda_moe_tune(path, variant, 0);
+	mb_experts(m, 0);
+	MCHECK(cudaMemcpyAsync(h, m->out, count * sizeof(__half), cudaMemcpyDeviceToHost,
+			       c->stream));
+	MCHECK(cudaStreamSynchronize(c->stream));
+	for (size_t i = 0; i < count; i++)
+		dst[i] = __half2float(h[i]);
+	ret = c->sticky;
+out:
+	free(h);
+	return ret;
+}
+
+extern "C" int sm70__bench_moe(int hidden, int inter, int n_experts, int top_k, int batch,
+			       int iters, struct sm70__bench_moe *out)
+{
+	struct sm70_backend *be = sm70__bench_backend();
+	struct sm70__cuda *c = be ? (struct sm70__cuda *)be->priv : NULL;
+	const size_t nk = (size_t)batch * top_k, per_route = 4 * nk + 2;
+	const size_t ngu = (size_t)n_experts * 2 * inter * hidden;
+	const size_t ndn = (size_t)n_experts * hidden * inter;
+	const double expert_bytes = (double)(3 * (size_t)inter * hidden) * sizeof(__half);
+	struct mb_ctx m;
+	float *oa = NULL, *ob = NULL;
+	int ret = 0;
+
+	if (!be)
+		return -ENODEV;
+	memset(&m, 0, sizeof(m));
+	memset(out, 0, sizeof(*out));
+	m.be = be;
+	m.n = batch;
+	m.k = top_k;
+	m.E = n_experts;
+	m.gu = (struct sm70_experts){ SM70_DTYPE_F16, n_experts, 2 * inter, hidden, NULL };
+	m.dn = (struct sm70_experts){ SM70_DTYPE_F16, n_experts, hidden, inter, NULL };
+	MCHECK(cudaMalloc(&m.gu.data, ngu * sizeof(__half)));
+	MCHECK(cudaMalloc(&m.dn.data, ndn * sizeof(__half)));
+	MCHECK(cudaMalloc(&m.ints, MB_ROUTES * per_route * sizeof(int32_t)));
+	MCHECK(cudaMalloc(&m.rw, MB_ROUTES * nk * sizeof(float)));
+	MCHECK(cudaMalloc(&m.logits, MB_ROUTES * (size_t)batch * n_experts * sizeof(float)));
+	MCHECK(cudaMalloc(&m.x, (size_t)batch * hidden * sizeof(__half)));
+	MCHECK(cudaMalloc(&m.mid, nk * inter * sizeof(__half)));
+	MCHECK(cudaMalloc(&m.part, nk * hidden * sizeof(float)));
+	MCHECK(cudaMalloc(&m.out, (size_t)batch * hidden * sizeof(__half)));
+	/* weights as a checkpoint's: dots of O(1) */
+	if ((ret = mb_fill(c->stream, m.gu.data, ngu, 11, sqrtf(3.0f / hidden), 0)) ||
+	    (ret = mb_fill(c->stream, m.dn.data, ndn, 12, sqrtf(3.0f / inter), 0)) ||
+	    (ret = mb_fill(c->stream, m.logits, MB_ROUTES * (size_t)batch * n_experts, 13, 4.0f,
+			   1)) ||
+	    (ret = mb_fill(c->stream, m.x, (size_t)batch * hidden, 14, 1.0f, 0)))
+		goto out;
+	for (int r = 0; r < MB_ROUTES; r++) {
+		int32_t *p = m.ints + r * per_route;
+
+		m.r[r] = (struct sm70_moe_route){ p, m.rw + r * nk, p + nk, p + 2 * nk, p + 3 * nk,
+						  p + 4 * nk + 1 };
+		mb_route(&m, r);
+	}
+	for (int r = 0; r < MB_ROUTES; r++) {
+		int32_t nu = 0;
+
+		MCHECK(cudaMemcpyAsync(&nu, m.r[r].n_used, sizeof(nu), cudaMemcpyDeviceToHost,
+				       c->stream));
+		MCHECK(cudaStreamSynchronize(c->stream));
+		out->experts += (double)nu / MB_ROUTES;
+	}
+	out->bytes = out->experts * expert_bytes;
+
+	/* grouped vs reference on routing 0 */
+	oa = (float *)malloc((size_t)batch * hidden * sizeof(float));
+	ob = (float *)malloc((size_t)batch * hidden * sizeof(float));
+	if (!oa || !ob) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	if ((ret = mb_out(&m, 0, 0, oa)) || (ret = mb_out(&m, 1, 0, ob)))
+		goto out;
+	{
+		double md = 0.0, mr = 0.0;
+
+		for (size_t i = 0; i < (size_t)batch * hidden; i++) {
+			const double d = fabs((double)oa[i] - (double)ob[i]);
+
+			if (!(d <= md))
+				md = d; /* NaN sticks */
+			if (fabs((double)ob[i]) > mr)
+				mr = fabs((double)ob[i]);
+		}
+		out->max_rel = mr > 0 ? md / mr : md;
+	}
+
+	sm70__cuda_moe_tune(0, 0, 0);
+	if ((ret = mb_time(&m, mb_experts, 1, iters, &out->us)) ||
+	    (ret = mb_time(&m, mb_experts, 0, iters, &out->us_eager)))
+		goto out;
+	for (int p = 0; p < 3; p++) {
+		sm70__cuda_moe_tune(0, 0, 1 << p);
+		if ((ret = mb_time(&m, mb_experts, 1, iters, &out->us_pass[p])))
+			goto out;
+	}
+	for (int v = 1; v <= 4; v++) {
+		sm70__cuda_moe_tune(0, v, 0);
+		if ((ret = mb_time(&m, mb_experts, 1, iters, &out->us_var[v - 1])))
+			goto out;
+	}
+	sm70__cuda_moe_tune(1, 0, 0);
+	if ((ret = mb_time(&m, mb_experts, 1, iters, &out->us_ref)))
+		goto out;
+	ret = mb_time(&m, mb_route, 1, iters, &out->us_route);
+out:
+	sm70__cuda_moe_tune(-1, 0, 0);
+	if (c)
+		cudaStreamSynchronize(c->stream);
+	free(oa);
+	free(ob);
+	cudaFree(m.out);
+	cudaFree(m.part);
+	cudaFree(m.mid);
+	cudaFree(m.x);
+	cudaFree(m.logits);
+	cudaFree(m.rw);
+	cudaFree(m.ints);
+	cudaFree(m.dn.data);
+	cudaFree(m.gu.data);
+	return ret;
+}
