@@ -126,26 +126,58 @@ static int decompose_into(struct cpbuf *b, uint32_t cp)
 	return 0;
 }
 
-/* Canonical ordering: a stable insertion sort of each run of non-starters. */
-static void reorder(uint32_t *v, size_t n)
+/* Sorts one run of non-starters stably by combining class: insertion sort for the usual
+ * few, a counting sort for long runs (text made of nothing but marks must not cost n^2). */
+static int sort_run(uint32_t *v, size_t n)
 {
-	for (size_t i = 1; i < n; i++) {
-		unsigned c = sm70__ccc(v[i]);
-		size_t j = i;
-		uint32_t x = v[i];
+	if (n <= 32) {
+		for (size_t i = 1; i < n; i++) {
+			uint32_t x = v[i];
+			unsigned c = sm70__ccc(x);
+			size_t j = i;
 
-		if (c == 0)
-			continue;
-		while (j > 0) {
-			unsigned p = sm70__ccc(v[j - 1]);
-
-			if (p == 0 || p <= c)
-				break;
-			v[j] = v[j - 1];
-			j--;
+			while (j > 0 && sm70__ccc(v[j - 1]) > c) {
+				v[j] = v[j - 1];
+				j--;
+			}
+			v[j] = x;
 		}
-		v[j] = x;
+		return 0;
 	}
+	{
+		size_t count[257] = {0};
+		uint32_t *tmp = malloc(n * sizeof(*tmp));
+
+		if (!tmp)
+			return -ENOMEM;
+		for (size_t i = 0; i < n; i++)
+			count[sm70__ccc(v[i]) + 1]++;
+		for (unsigned c = 1; c <= 256; c++)
+			count[c] += count[c - 1];
+		for (size_t i = 0; i < n; i++)
+			tmp[count[sm70__ccc(v[i])]++] = v[i];
+		memcpy(v, tmp, n * sizeof(*tmp));
+		free(tmp);
+		return 0;
+	}
+}
+
+/* Canonical ordering: each run of non-starters sorted by class. */
+static int reorder(uint32_t *v, size_t n)
+{
+	size_t i = 0;
+
+	while (i < n) {
+		size_t j = i;
+		int rc;
+
+		while (j < n && sm70__ccc(v[j]) != 0)
+			j++;
+		if (j - i > 1 && (rc = sort_run(v + i, j - i)))
+			return rc;
+		i = j + 1;
+	}
+	return 0;
 }
 
 /* Canonical composition in place; returns the new length. A character composes with the
@@ -195,8 +227,9 @@ static int normalize_segment(struct sm70_text *out, const uint8_t *s, size_t n)
 		rc = decompose_into(&b, cp);
 		i += len;
 	}
+	if (!rc)
+		rc = reorder(b.v, b.n);
 	if (!rc) {
-		reorder(b.v, b.n);
 		b.n = compose(b.v, b.n);
 		rc = sm70_text_reserve(out, b.n * 4);
 	}
