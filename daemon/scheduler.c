@@ -477,6 +477,9 @@ static void on_event(void *ctx, const struct sm70_event *ev)
 	default:
 		reason = SM70_PROTO_FINISH_ERROR;
 		error = SM70_PROTO_E_INTERNAL;
+		sm70__warn("session %u: job %llu (tag %llu) failed in the engine: %s", j->s->id,
+			   (unsigned long long)j->serial, (unsigned long long)j->tag,
+			   ev->message ? ev->message : "no reason given");
 		break;
 	}
 	finish_job(d, j, reason, error);

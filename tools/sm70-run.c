@@ -2,8 +2,9 @@
  * sm70-run - the offline runner: loads a model in-process (no daemon), generates from
  * one prompt of token ids, and prints the tokens (streamed) or one JSON object (--json).
  *
- * Exit codes: 0 done, 2 bad arguments or a bad model directory, 1 a failure while
- * running. Errors go to stderr.
+ * Exit codes: 0 done, 2 bad arguments or a bad model directory (non-finite weights
+ * included), 1 a failure while running, including a job that ended with an error
+ * (non-finite logits, a sequence that outgrew the KV cache). Errors go to stderr.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -25,6 +26,7 @@ struct run {
 	json_t *tops;
 	int n;
 	enum sm70_finish finish;
+	char message[256]; /* why, for an error finish */
 	int prompt_tokens, completion_tokens;
 	double t_submit, t_first, t_last;
 };
@@ -77,6 +79,11 @@ static void on_event(void *ctx, const struct sm70_event *ev)
 	}
 	if (ev->finish) {
 		r->finish = ev->finish;
+		if (ev->message)
+			snprintf(r->message, sizeof(r->message), "%s", ev->message);
+		else if (ev->finish == SM70_FINISH_NO_MEMORY)
+			snprintf(r->message, sizeof(r->message), "the sequence outgrew the KV cache "
+				 "after %d new tokens (--kv-blocks)", ev->completion_tokens);
 		r->prompt_tokens = ev->prompt_tokens;
 		r->completion_tokens = ev->completion_tokens;
 	}
@@ -356,6 +363,11 @@ int main(int argc, char **argv)
 			"tokens/s\n", r.n, finish_name(r.finish), prefill_ms, decode_tps);
 	}
 	rc = 0;
+	if (r.finish == SM70_FINISH_ERROR || r.finish == SM70_FINISH_NO_MEMORY) {
+		fprintf(stderr, "sm70-run: the job ended with an error: %s\n",
+			r.message[0] ? r.message : "no reason given");
+		rc = 1;
+	}
 out:
 	json_decref(r.tops);
 	free(r.tokens);

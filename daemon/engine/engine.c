@@ -11,6 +11,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -77,6 +79,7 @@ struct sm70_engine {
 
 	struct sm70_engine_stats stats;
 	struct sm70_backend_ops load_ops; /* the backends' ops while a watched load runs */
+	char msg[256]; /* a FINISH_ERROR event's message */
 };
 
 void sm70_engine_opts_default(struct sm70_engine_opts *o)
@@ -629,6 +632,45 @@ static void emit_final(struct sm70_engine *e, struct seq *s, enum sm70_finish f,
 	fn(ctx, &ev);
 }
 
+/*
+ * Why out row o of the step could not be sampled, into e->msg: the step, the sequence and,
+ * where the logits are on the host, how many are NaN or infinite. Only on the error path:
+ * a model whose weights are finite can still overflow in its activations.
+ */
+static const char *describe_sampling_error(struct sm70_engine *e, const struct seq *s, int o,
+					   int ret)
+{
+	int len = snprintf(e->msg, sizeof(e->msg), "no token could be sampled at engine step "
+			   "%llu (request %llu, position %d, %d tokens generated): ",
+			   (unsigned long long)e->stats.steps, (unsigned long long)s->id,
+			   s->n_toks, s->n_gen);
+	size_t left = len > 0 && (size_t)len < sizeof(e->msg) ? sizeof(e->msg) - (size_t)len : 0;
+
+	if (!e->model->rank[0].shards && !e->model->rank[0].sample_out) {
+		const float *row = e->logits + (size_t)o * e->model->cfg.vocab_size;
+		int nan = 0, pinf = 0, ninf = 0, V = e->model->cfg.vocab_size;
+
+		for (int i = 0; i < V; i++) {
+			nan += isnan(row[i]) != 0;
+			pinf += isinf(row[i]) && row[i] > 0;
+			ninf += isinf(row[i]) && row[i] < 0;
+		}
+		if (nan || pinf || ninf)
+			snprintf(e->msg + len, left, "non-finite logits: %d NaN, %d +inf, %d -inf "
+				 "of %d (the model overflowed)", nan, pinf, ninf, V);
+		else
+			snprintf(e->msg + len, left, "the sampler refused the row: %s",
+				 strerror(-ret));
+	} else if (e->model->rank[0].sample_out) {
+		snprintf(e->msg + len, left, "the device sampler returned no token (non-finite "
+			 "logits?)");
+	} else {
+		snprintf(e->msg + len, left, "sampling the ranks' shards failed: %s (non-finite "
+			 "logits?)", strerror(-ret));
+	}
+	return e->msg;
+}
+
 static void running_remove(struct sm70_engine *e, int i)
 {
 	memmove(&e->running[i], &e->running[i + 1],
@@ -915,10 +957,16 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		}
 		if (ret) {
 			/* NaN/inf logits: nothing to sample from; end this request, not others */
+			struct sm70_event fin = {
+				.id = s->id, .tag = s->req.tag, .sample = { .token = -1 },
+				.finish = SM70_FINISH_ERROR, .prompt_tokens = s->n_prompt,
+				.completion_tokens = s->n_gen, .cached_tokens = s->cached_tokens,
+				.message = describe_sampling_error(e, s, o, ret),
+			};
 			o++;
 			s->finished = 1;
 			e->stats.errors++;
-			emit_final(e, s, SM70_FINISH_ERROR, fn, ctx);
+			fn(ctx, &fin);
 			n_ev++;
 			continue;
 		}

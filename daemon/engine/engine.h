@@ -102,6 +102,9 @@ struct sm70_event {
 	int prompt_tokens;
 	int completion_tokens;
 	int cached_tokens;        /* prompt tokens whose KV came from the prefix cache */
+	/* FINISH_ERROR: why, in a sentence (the engine step, the sequence, what the logits
+	 * held), valid during the callback; NULL otherwise */
+	const char *message;
 };
 
 typedef void (*sm70_event_fn)(void *ctx, const struct sm70_event *ev);

@@ -2,10 +2,17 @@
  * weights.c - weights for the architectures: stacks of checkpoint tensor bands (what a
  * tensor-parallel rank holds) in the backend's dtype, f32 vectors (norms, convolution
  * and gate parameters), and the deterministic dummy weights of --load-format dummy.
+ *
+ * Every value read from a checkpoint is checked to be finite on its way through (in the
+ * copy or conversion pass it takes anyway): a NaN or an infinity in the weights makes
+ * every request fail later with nothing to go on, so the load fails instead, naming the
+ * tensor and the element.
  */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -101,24 +108,115 @@ static void dummy_fill(struct dummy_job *j)
 		pthread_join(th[i], NULL);
 }
 
+/* Elements of a copy or conversion pass, checked for non-finite values as they go. */
+#define CHECK_CHUNK 4096
+
+/*
+ * The first element of n at src (dt) that is not finite, or SIZE_MAX: an all-ones
+ * exponent for f32, f16 and bf16 (infinity or NaN), the NaN pattern S.1111.111 for e4m3
+ * (which has no infinity); integer types are never non-finite. Read through memcpy, as a
+ * checkpoint's tensors need not be aligned; the loops compile to vector code.
+ */
+static size_t first_nonfinite(const void *src, enum sm70_dtype dt, size_t n)
+{
+	const unsigned char *p = src;
+	unsigned bad = 0;
+	size_t i;
+
+	switch (dt) {
+	case SM70_DTYPE_F32:
+		for (i = 0; i < n; i++) {
+			uint32_t v;
+			memcpy(&v, p + 4 * i, 4);
+			bad |= (v & 0x7f800000u) == 0x7f800000u;
+		}
+		break;
+	case SM70_DTYPE_F16:
+	case SM70_DTYPE_BF16: {
+		uint16_t e = dt == SM70_DTYPE_F16 ? 0x7c00 : 0x7f80;
+		for (i = 0; i < n; i++) {
+			uint16_t v;
+			memcpy(&v, p + 2 * i, 2);
+			bad |= (v & e) == e;
+		}
+		break;
+	}
+	case SM70_DTYPE_F8E4M3:
+		for (i = 0; i < n; i++)
+			bad |= (p[i] & 0x7f) == 0x7f;
+		break;
+	default:
+		return SIZE_MAX;
+	}
+	if (!bad)
+		return SIZE_MAX;
+	/* rare: find which */
+	for (i = 0; i < n; i++) {
+		float v;
+
+		sm70_convert_to_f32(&v, p + i * sm70_dtype_size(dt), dt, 1);
+		if (!isfinite(v))
+			return i;
+	}
+	return SIZE_MAX;
+}
+
+/* The load's error for element `at` (row, col) of tensor `name` holding value v. */
+static int nonfinite_error(struct sm70_err *err, const char *name, size_t at, size_t row,
+			   size_t col, float v)
+{
+	return sm70_errf(err, -EINVAL, "%s: element %zu (row %zu, column %zu) is %s: the "
+			 "checkpoint holds a non-finite weight (a corrupt or overflowed file); "
+			 "refusing to load it", name, at, row, col,
+			 isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf");
+}
+
+/* memcpy of count elements of dt that also reports the first non-finite one (SIZE_MAX:
+ * none), chunk by chunk, so that each chunk is checked while it is in the cache. */
+static size_t copy_finite(void *dst, const void *src, enum sm70_dtype dt, size_t count)
+{
+	size_t esz = sm70_dtype_size(dt);
+
+	for (size_t i = 0; i < count; i += CHECK_CHUNK) {
+		size_t n = count - i < CHECK_CHUNK ? count - i : CHECK_CHUNK, at;
+
+		memcpy((char *)dst + i * esz, (const char *)src + i * esz, n * esz);
+		at = first_nonfinite((const char *)src + i * esz, dt, n);
+		if (at != SIZE_MAX)
+			return i + at;
+	}
+	return SIZE_MAX;
+}
+
 /*
  * Converts count elements of src (src_dt) into dst (dt), in chunks through an f32
  * buffer. Values beyond the f16 range are clamped to +-65504 and counted in
- * m->clamped_values (bf16 checkpoints can hold them).
+ * m->clamped_values (bf16 checkpoints can hold them). *bad is the first non-finite
+ * element's index, or SIZE_MAX.
  */
 static int convert_weight(struct sm70_model *m, void *dst, enum sm70_dtype dt, const void *src,
-			  enum sm70_dtype src_dt, size_t count, const char *name,
+			  enum sm70_dtype src_dt, size_t count, const char *name, size_t *bad,
 			  struct sm70_err *err)
 {
-	enum { CHUNK = 4096 };
+	enum { CHUNK = CHECK_CHUNK };
 	float buf[CHUNK];
 	size_t src_esz = sm70_dtype_size(src_dt), dst_esz = sm70_dtype_size(dt);
 
+	*bad = SIZE_MAX;
 	for (size_t i = 0; i < count; i += CHUNK) {
 		size_t n = count - i < CHUNK ? count - i : CHUNK;
 		char *d = (char *)dst + i * dst_esz;
+		int finite = 1;
 
 		sm70_convert_to_f32(buf, (const char *)src + i * src_esz, src_dt, n);
+		for (size_t k = 0; k < n; k++)
+			finite &= isfinite(buf[k]) != 0;
+		if (!finite) {
+			for (size_t k = 0; k < n && *bad == SIZE_MAX; k++)
+				if (!isfinite(buf[k]))
+					*bad = i + k;
+			return 0;
+		}
 		for (size_t k = 0; k < n; k++) {
 			float v = buf[k];
 			uint16_t h;
@@ -147,7 +245,8 @@ static int convert_weight(struct sm70_model *m, void *dst, enum sm70_dtype dt, c
 	return 0;
 }
 
-/* Copies the window of part p (rows x cols at col0) of tensor t into dst as dt. */
+/* Copies the window of part p (rows x cols at col0) of tensor t into dst as dt; fails,
+ * naming the element, if one is not finite. */
 static int copy_window(struct sm70_model *m, void *dst, enum sm70_dtype dt,
 		       const struct sm70_st_tensor *t, const struct sm70_weight_part *p,
 		       int full_cols, int col0, int cols, struct sm70_err *err)
@@ -162,15 +261,23 @@ static int copy_window(struct sm70_model *m, void *dst, enum sm70_dtype dt,
 		const char *src = (const char *)t->data +
 				  (((size_t)p->row0 + i) * full_cols + col0) * src_esz;
 		char *d = (char *)dst + (size_t)i * run * dst_esz;
+		size_t bad, row, col;
+		float v;
 		int ret;
 
 		if (t->dtype == dt) {
-			memcpy(d, src, run * dst_esz);
-			continue;
+			bad = copy_finite(d, src, dt, run);
+		} else {
+			ret = convert_weight(m, d, dt, src, t->dtype, run, p->name, &bad, err);
+			if (ret)
+				return ret;
 		}
-		ret = convert_weight(m, d, dt, src, t->dtype, run, p->name, err);
-		if (ret)
-			return ret;
+		if (bad == SIZE_MAX)
+			continue;
+		row = (size_t)p->row0 + (whole_rows ? bad / (size_t)full_cols : (size_t)i);
+		col = whole_rows ? bad % (size_t)full_cols : (size_t)col0 + bad;
+		sm70_convert_to_f32(&v, src + bad * src_esz, t->dtype, 1);
+		return nonfinite_error(err, p->name, row * (size_t)full_cols + col, row, col, v);
 	}
 	return 0;
 }
@@ -298,6 +405,13 @@ int sm70__f32_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, floa
 		} else {
 			sm70_convert_to_f32(row, (const char *)t->data +
 					    first * sm70_dtype_size(t->dtype), t->dtype, n);
+			for (size_t k = 0; k < n; k++)
+				if (!isfinite(row[k])) {
+					ret = nonfinite_error(err, name, first + k,
+							      (first + k) / inner,
+							      (first + k) % inner, row[k]);
+					goto out;
+				}
 		}
 		for (size_t k = 0; k < n; k++)
 			row[k] += add;
