@@ -214,9 +214,35 @@ def layer_hidden(model, prompt, device):
     return [h[0].float().cpu().tolist() for h in hs]
 
 
-def greedy(model, prompt, new_tokens, eos, device):
-    """fp32 greedy decoding with a KV cache; returns tokens and the top logprobs per step."""
+class RouterMargins:
+    """Forward hooks on the MoE routers: for each forward, the smallest gap between the
+    k-th and the (k+1)-th routing probability over every MoE layer and token. A GPU run in
+    fp16 may route such a token differently (the references are fp32), so the C tests
+    forgive a divergence that follows a forward whose margin was that small."""
+
+    def __init__(self, model):
+        self.cur = None
+        self.handles = [m.register_forward_hook(self.hook) for m in model.modules()
+                        if type(m).__name__.endswith("TopKRouter")]
+
+    def hook(self, module, inputs, output):
+        logits = output[0] if isinstance(output, tuple) else output
+        p = torch.softmax(logits.float(), dim=-1)
+        k = module.top_k
+        top = torch.topk(p, k + 1, dim=-1).values
+        gap = float((top[..., k - 1] - top[..., k]).min())
+        self.cur = gap if self.cur is None else min(self.cur, gap)
+
+    def take(self):
+        g, self.cur = self.cur, None
+        return g
+
+
+def greedy(model, prompt, new_tokens, eos, device, margins=None):
+    """fp32 greedy decoding with a KV cache; returns tokens, the top logprobs per step and,
+    for MoE models, the router margin of each forward (None otherwise)."""
     ids = torch.tensor([prompt], device=device)
+    routes = []
     out = model(input_ids=ids, use_cache=True)
     past = out.past_key_values
     logits = out.logits[0, -1].float()
@@ -227,13 +253,15 @@ def greedy(model, prompt, new_tokens, eos, device):
         tok = int(idx[0])
         tokens.append(tok)
         tops.append([{"id": int(i), "logprob": float(v)} for v, i in zip(vals, idx)])
+        if margins is not None:
+            routes.append(margins.take())
         if tok in eos:
             break
         out = model(input_ids=torch.tensor([[tok]], device=device), past_key_values=past,
                     use_cache=True)
         past = out.past_key_values
         logits = out.logits[0, -1].float()
-    return tokens, tops
+    return tokens, tops, routes
 
 
 def build(name, spec, outdir, device):
@@ -269,18 +297,29 @@ def build(name, spec, outdir, device):
     model = model.to(device).eval()
     vocab = cfg.text_config.vocab_size if spec.get("vl") else cfg.vocab_size
     cases = []
+    margins = RouterMargins(model)
+    if not margins.handles:
+        margins = None
     with torch.no_grad():
         for n in spec["prompts"]:
             prompt = torch.randint(0, vocab - 8, (n,), generator=gen).tolist()
-            toks, tops = greedy(model, prompt, spec["new_tokens"], spec["eos"], device)
+            toks, tops, routes = greedy(model, prompt, spec["new_tokens"], spec["eos"], device,
+                                        margins)
             margin = min(t[0]["logprob"] - t[1]["logprob"] for t in tops)
             print(f"{name}: prompt {n:5d} -> {len(toks)} tokens, min top1-top2 margin {margin:.4f}")
             cases.append({"prompt": prompt, "max_new_tokens": spec["new_tokens"],
                           "tokens": toks, "top_logprobs": tops, "min_margin": margin})
+            if margins is not None:
+                # router_margins[i]: the forward that produced token i (0: the prompt's)
+                cases[-1]["router_margins"] = routes
+                print(f"   router margins: prompt {routes[0]:.2e}, decode min "
+                      f"{min(routes[1:] or [1.0]):.2e}")
             if mtype != "qwen3" and len(cases) == 2:
                 with open(os.path.join(path, "hidden.json"), "w") as f:
                     json.dump({"prompt": prompt, "layers": layer_hidden(model, prompt,
                                                                         device)}, f)
+                if margins is not None:
+                    margins.take()
     ref = {"fixture": name, "transformers": transformers.__version__,
            "torch": torch.__version__, "compute": "float32 eager", "top_n": TOP_N,
            "cases": cases}
