@@ -117,23 +117,17 @@ static uint64_t hash_pair(uint64_t key)
 }
 
 /* GPT-2's byte-level alphabet: printable Latin-1 bytes stand for themselves, the other 68
- * bytes for U+0100.. in order. */
+ * (0x00-0x20, 0x7F-0xA0, 0xAD) for U+0100.. in byte order. Pure functions: no tables to
+ * initialise, so nothing is shared between threads. */
 static uint32_t byte_char(unsigned b)
 {
-	static uint32_t map[256];
-	static int ready;
-
-	if (!ready) {
-		uint32_t next = 256;
-
-		for (unsigned i = 0; i < 256; i++) {
-			int printable = (i >= 0x21 && i <= 0x7E) || (i >= 0xA1 && i <= 0xAC) ||
-					(i >= 0xAE);
-			map[i] = printable ? i : next++;
-		}
-		ready = 1;
-	}
-	return map[b];
+	if (b <= 0x20)
+		return 256 + b;
+	if (b >= 0x7F && b <= 0xA0)
+		return 256 + 33 + (b - 0x7F);
+	if (b == 0xAD)
+		return 256 + 67;
+	return b;
 }
 
 /* The byte a byte-level character stands for, or -1. */
@@ -141,11 +135,12 @@ static int char_byte(uint32_t cp)
 {
 	if ((cp >= 0x21 && cp <= 0x7E) || (cp >= 0xA1 && cp <= 0xAC) || (cp >= 0xAE && cp <= 0xFF))
 		return (int)cp;
-	if (cp >= 256 && cp < 256 + 68) {
-		for (unsigned b = 0; b < 256; b++)
-			if (byte_char(b) == cp)
-				return (int)b;
-	}
+	if (cp >= 256 && cp <= 256 + 32)
+		return (int)(cp - 256);
+	if (cp >= 256 + 33 && cp <= 256 + 66)
+		return (int)(0x7F + cp - 256 - 33);
+	if (cp == 256 + 67)
+		return 0xAD;
 	return -1;
 }
 
@@ -881,14 +876,12 @@ static int load_pipeline(struct sm70_tokenizer *t, json_t *root, struct sm70_err
 	return 0;
 }
 
-static int set_spelling(struct sm70_tokenizer *t, int32_t id, const char *s, size_t n,
-			struct sm70_text *str, struct sm70_text *dec, uint32_t *str_at,
-			uint32_t *dec_at)
+/* Appends a spelling and what it decodes to; offsets stay 32-bit. */
+static int set_spelling(const char *s, size_t n, struct sm70_text *str,
+			struct sm70_text *dec)
 {
 	int rc;
 
-	str_at[id] = (uint32_t)str->len;
-	dec_at[id] = (uint32_t)dec->len;
 	if ((rc = sm70_text_append(str, s, n)) || (rc = bytelevel_decode(dec, s, n)))
 		return rc;
 	if (str->len > UINT32_MAX / 2 || dec->len > UINT32_MAX / 2)
@@ -1005,7 +998,7 @@ static int load_vocab(struct sm70_tokenizer *t, json_t *model, json_t *added,
 	size_t n_merges, max_id = 0, count = json_object_size(vocab), cap;
 	int rc = 0;
 
-	/* ids: the vocab's and the added tokens' (at most one past the vocab each) */
+	/* ids: the vocab's, then room for one new id per added token */
 	json_object_foreach(vocab, key, v) {
 		json_int_t id = json_integer_value(v);
 
@@ -1030,8 +1023,8 @@ static int load_vocab(struct sm70_tokenizer *t, json_t *model, json_t *added,
 		return -ENOMEM;
 	memset(t->vocab_hash, 0xFF, cap * sizeof(*t->vocab_hash));
 
-	/* Spellings go into the arenas in id order (offsets then tell lengths), so collect
-	 * them first. */
+	/* Spellings and decoded bytes go into two arenas in id order (the offsets then give
+	 * the lengths); place_added lays them out again once the added tokens have ids. */
 	{
 		const char **by_id = calloc(t->n_ids, sizeof(*by_id));
 		size_t *len_by_id = calloc(t->n_ids, sizeof(*len_by_id));
@@ -1047,15 +1040,12 @@ static int load_vocab(struct sm70_tokenizer *t, json_t *model, json_t *added,
 			by_id[id] = key;
 			len_by_id[id] = strlen(key);
 		}
-		/* added tokens first get their ids, which needs the vocab hash: fill it from
-		 * by_id after the arenas are laid out for vocab ids, then lay out the rest */
 		for (size_t id = 0; id < t->n_ids && !rc; id++) {
 			t->str_off[id] = (uint32_t)str.len;
 			t->dec_off[id] = (uint32_t)dec.len;
 			if (!by_id[id])
 				continue;
-			rc = set_spelling(t, (int32_t)id, by_id[id], len_by_id[id], &str, &dec,
-					  t->str_off, t->dec_off);
+			rc = set_spelling(by_id[id], len_by_id[id], &str, &dec);
 			t->id_flags[id] |= ID_PRESENT;
 		}
 		t->str_off[t->n_ids] = (uint32_t)str.len;
@@ -1162,26 +1152,27 @@ static int place_added(struct sm70_tokenizer *t)
 	struct sm70_text str = {0}, dec = {0};
 	uint32_t *so = malloc((t->n_ids + 1) * sizeof(*so));
 	uint32_t *dof = malloc((t->n_ids + 1) * sizeof(*dof));
+	int32_t *which = malloc((t->n_ids + 1) * sizeof(*which));
 	int rc = 0;
 
-	if (!so || !dof) {
+	if (!so || !dof || !which) {
 		rc = -ENOMEM;
 		goto out;
 	}
-	/* rebuild both arenas in id order with the added tokens in place */
+	/* the added token of each id: the last one listed with it, as in tokenizers */
+	memset(which, 0xFF, (t->n_ids + 1) * sizeof(*which));
+	for (size_t j = 0; j < t->n_added; j++)
+		which[t->added[j].id] = (int32_t)j;
+	/* both arenas again, in id order, with the added tokens in place */
 	for (size_t id = 0; id < t->n_ids && !rc; id++) {
-		const struct added_tok *a = NULL;
 		size_t l;
 		const char *s;
 
-		for (size_t j = t->n_added; j-- > 0;)
-			if ((size_t)t->added[j].id == id) {
-				a = &t->added[j];
-				break;
-			}
 		so[id] = (uint32_t)str.len;
 		dof[id] = (uint32_t)dec.len;
-		if (a) {
+		if (which[id] >= 0) {
+			const struct added_tok *a = &t->added[which[id]];
+
 			/* decodes as its content, or the normalized form tokenizers caches */
 			rc = sm70_text_append(&str, a->content, a->content_len);
 			if (!rc)
@@ -1197,14 +1188,16 @@ static int place_added(struct sm70_tokenizer *t)
 			rc = sm70_text_append(&dec, t->dec_bytes + t->dec_off[id],
 					      t->dec_off[id + 1] - t->dec_off[id]);
 	}
+	if (!rc && (str.len > UINT32_MAX / 2 || dec.len > UINT32_MAX / 2))
+		rc = -EFBIG;
+	if (!rc && !str.s)
+		rc = sm70_text_append(&str, "", 0);
+	if (!rc && !dec.s)
+		rc = sm70_text_append(&dec, "", 0);
 	if (rc)
 		goto out;
 	so[t->n_ids] = (uint32_t)str.len;
 	dof[t->n_ids] = (uint32_t)dec.len;
-	if (!str.s && (rc = sm70_text_append(&str, "", 0)))
-		goto out;
-	if (!dec.s && (rc = sm70_text_append(&dec, "", 0)))
-		goto out;
 	free(t->str_bytes);
 	free(t->dec_bytes);
 	free(t->str_off);
@@ -1215,20 +1208,14 @@ static int place_added(struct sm70_tokenizer *t)
 	t->dec_off = dof;
 	so = dof = NULL;
 	str.s = dec.s = NULL;
-	/* the vocab hash keeps ids whose spelling changed: re-point none (spellings of
-	 * vocab ids are unchanged unless an added token took the id, which keeps the same
-	 * content by construction) */
-	{
-		size_t max = 0;
-
-		for (size_t id = 0; id < t->n_ids; id++)
-			if (t->id_flags[id] & ID_PRESENT)
-				max = id + 1;
-		t->n_ids = max;
-	}
+	/* The vocab hash stays valid: an added token that took a vocab id has that entry's
+	 * spelling by construction. Ids past the last one in use are dropped. */
+	while (t->n_ids > 0 && !(t->id_flags[t->n_ids - 1] & ID_PRESENT))
+		t->n_ids--;
 out:
 	sm70_text_free(&str);
 	sm70_text_free(&dec);
+	free(which);
 	free(so);
 	free(dof);
 	return rc;

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -314,6 +315,39 @@ static void test_corpus_split(void **state)
 {
 	assert_int_equal(split_mismatches("split", 1), 0);
 	assert_int_equal(split_mismatches("split_llama3", 3), 0);
+}
+
+/* A loaded tokenizer is shared by threads that encode at once. */
+static void *encode_all(void *arg)
+{
+	struct sm70_ids ids = {0};
+	size_t *bad = arg;
+
+	for (size_t i = 0; i < json_array_size(corpus); i++) {
+		size_t len;
+		const char *s = text_of(i, &len);
+
+		ids.n = 0;
+		if (sm70_tokenizer_encode(qwen, s, len, 0, &ids, NULL) ||
+		    !ids_equal(&ids, ref_of(i, "ids")))
+			(*bad)++;
+	}
+	sm70_ids_free(&ids);
+	return NULL;
+}
+
+static void test_threads(void **state)
+{
+	pthread_t th[4];
+	size_t bad[4] = {0};
+
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, encode_all, &bad[i]), 0);
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(bad[i], 0);
+	}
+	print_message("threads: 4 threads encoded the corpus at once, all equal\n");
 }
 
 /* ---- special tokens and the API around ids ---------------------------------------------- */
@@ -794,6 +828,7 @@ int main(void)
 		cmocka_unit_test(test_corpus_roundtrip_nfc),
 		cmocka_unit_test(test_corpus_split),
 		cmocka_unit_test(test_nfc_long_runs),
+		cmocka_unit_test(test_threads),
 		cmocka_unit_test(test_special_tokens),
 		cmocka_unit_test(test_invalid_utf8),
 		cmocka_unit_test(test_added_token_options),
