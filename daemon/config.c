@@ -41,6 +41,7 @@ enum key_type {
 	K_GID,	  /* one gid: integer or group name; off_n flags it as set */
 	K_LIST,	  /* list of integers in min..max (gpus) */
 	K_OBJ,	  /* a nested object with its own table */
+	K_OVERRIDES, /* list of up to `cap` objects, each parsed with `sub` into an override */
 };
 
 struct key {
@@ -48,10 +49,10 @@ struct key {
 	enum key_type type;
 	size_t off;
 	uint64_t min, max;
-	const struct key *sub;	     /* K_OBJ */
+	const struct key *sub;	     /* K_OBJ, K_OVERRIDES */
 	const char *const *choices; /* K_CHOICE: NULL-terminated */
-	size_t off_n;		     /* K_UIDS, K_GIDS, K_LIST: the uint32_t count */
-	uint32_t cap;		     /* K_LIST: capacity of the array */
+	size_t off_n;		     /* K_UIDS, K_GIDS, K_LIST, K_OVERRIDES: the count */
+	uint32_t cap;		     /* K_LIST, K_OVERRIDES: capacity of the array */
 };
 
 #define AT(f) offsetof(struct sm70__config, f)
@@ -79,6 +80,23 @@ static const struct key limits_keys[] = {
 	NUM("max_jobs_per_uid", K_U32, limits.max_jobs_per_uid, 0, 1u << 24),
 	END,
 };
+
+/* One "overrides" entry; offsets into struct sm70__cfg_override. */
+#define OAT(f) offsetof(struct sm70__cfg_override, f)
+#define ONUM(n, lo, hi) { #n, K_U32, OAT(n), lo, hi, NULL, NULL, 0, 0 }
+static const struct key override_keys[] = {
+	{ "uids", K_UIDS, OAT(uids), 0, 0, NULL, NULL, OAT(n_uids), 0 },
+	{ "gids", K_GIDS, OAT(gids), 0, 0, NULL, NULL, OAT(n_gids), 0 },
+	ONUM(max_jobs_in_flight, 1, 65536),
+	ONUM(max_prompt_tokens, 1, 1u << 24),
+	ONUM(max_new_tokens, 1, 1u << 24),
+	ONUM(max_priority, 0, 255),
+	ONUM(max_sessions_per_uid, 1, 65536),
+	ONUM(max_jobs_per_uid, 1, 1u << 24),
+	END,
+};
+#undef ONUM
+#undef OAT
 
 static const struct key engine_keys[] = {
 	NUM("max_seqs", K_U32, engine.max_seqs, 1, 1024),
@@ -130,6 +148,8 @@ static const struct key top_keys[] = {
 	IDS("admin_control_gids", K_GIDS, admin_control_gids, n_admin_control_gids),
 	IDS("admin_socket_group", K_GID, admin_socket_gid, has_admin_socket_gid),
 	OBJ("limits", limits_keys),
+	{ "overrides", K_OVERRIDES, AT(overrides), 0, 0, override_keys, NULL, AT(n_overrides),
+	  SM70__CFG_MAX_OVERRIDES },
 	OBJ("engine", engine_keys),
 	OBJ("fast_paths", fast_keys),
 	OBJ("rings", rings_keys),
@@ -173,7 +193,7 @@ void sm70__config_default(struct sm70__config *c)
 	c->limits.max_prompt_tokens = 32768;
 	c->limits.max_new_tokens = 8192;
 	c->limits.max_context_tokens = 0;
-	c->limits.max_priority = 3;
+	c->limits.max_priority = 0; /* a privilege: grant it per uid or group (overrides) */
 	c->limits.max_top_logprobs = 8;
 	c->engine.max_seqs = 16;
 	c->engine.max_batch_tokens = 512;
@@ -252,8 +272,8 @@ static int parse_ids(json_t *v, int group, uint32_t *ids, uint32_t *n, const cha
 	return 0;
 }
 
-static int parse_obj(struct sm70__config *c, json_t *obj, const struct key *table,
-		     const char *prefix, struct sm70_err *err);
+static int parse_obj(void *base, json_t *obj, const struct key *table, const char *prefix,
+		     struct sm70_err *err);
 
 /* "a", "b" or "c" from a NULL-terminated list, for messages. */
 static void join_choices(const char *const *ch, char *buf, size_t size)
@@ -268,10 +288,11 @@ static void join_choices(const char *const *ch, char *buf, size_t size)
 	}
 }
 
-static int parse_key(struct sm70__config *c, const struct key *k, json_t *v, const char *key,
+/* Parses v as key k into the struct at basep (the config, or an override entry). */
+static int parse_key(void *basep, const struct key *k, json_t *v, const char *key,
 		     struct sm70_err *err)
 {
-	char *base = (char *)c;
+	char *base = basep;
 	json_int_t x;
 
 	switch (k->type) {
@@ -386,13 +407,41 @@ bad_mode:
 	case K_OBJ:
 		if (!json_is_object(v))
 			return sm70_errf(err, -EINVAL, "%s: must be an object", key);
-		return parse_obj(c, v, k->sub, key, err);
+		return parse_obj(basep, v, k->sub, key, err);
+	case K_OVERRIDES: {
+		struct sm70__cfg_override *o = (struct sm70__cfg_override *)(base + k->off);
+		char sub[128];
+		size_t i;
+		json_t *e;
+		int ret;
+
+		if (!json_is_array(v) || json_array_size(v) > k->cap)
+			return sm70_errf(err, -EINVAL, "%s: must be a list of at most %u objects",
+					 key, k->cap);
+		json_array_foreach(v, i, e) {
+			snprintf(sub, sizeof(sub), "%.100s[%u]", key, (unsigned)i);
+			if (!json_is_object(e))
+				return sm70_errf(err, -EINVAL, "%s: must be an object", sub);
+			memset(&o[i], 0, sizeof(o[i]));
+			o[i].max_jobs_in_flight = o[i].max_prompt_tokens = SM70__CFG_UNSET;
+			o[i].max_new_tokens = o[i].max_priority = SM70__CFG_UNSET;
+			o[i].max_sessions_per_uid = o[i].max_jobs_per_uid = SM70__CFG_UNSET;
+			ret = parse_obj(&o[i], e, k->sub, sub, err);
+			if (ret)
+				return ret;
+			if (!o[i].n_uids && !o[i].n_gids)
+				return sm70_errf(err, -EINVAL, "%s: names no one: give \"uids\" or "
+						 "\"gids\"", sub);
+		}
+		*(uint32_t *)(base + k->off_n) = (uint32_t)json_array_size(v);
+		return 0;
+	}
 	}
 	return -EINVAL;
 }
 
-static int parse_obj(struct sm70__config *c, json_t *obj, const struct key *table,
-		     const char *prefix, struct sm70_err *err)
+static int parse_obj(void *base, json_t *obj, const struct key *table, const char *prefix,
+		     struct sm70_err *err)
 {
 	const char *name;
 	json_t *v;
@@ -408,7 +457,7 @@ static int parse_obj(struct sm70__config *c, json_t *obj, const struct key *tabl
 				break;
 		if (!k->name)
 			return sm70_errf(err, -EINVAL, "%s: unknown key", key);
-		ret = parse_key(c, k, v, key, err);
+		ret = parse_key(base, k, v, key, err);
 		if (ret)
 			return ret;
 	}
@@ -426,7 +475,9 @@ static int read_file(const char *path, char **out, size_t *len, struct sm70_err 
 	int fd, ret;
 
 	*out = NULL;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer (start-up
+	 * hung on a FIFO given as --config); it changes nothing for a regular file. */
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
 	if (fd < 0)
 		return sm70_errf(err, -errno, "%s: cannot open: %s", path, strerror(errno));
 	if (fstat(fd, &st)) {
@@ -435,7 +486,10 @@ static int read_file(const char *path, char **out, size_t *len, struct sm70_err 
 	}
 	if (!S_ISREG(st.st_mode)) {
 		ret = sm70_errf(err, S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL,
-				"%s: cannot read: not a regular file", path);
+				"%s: cannot read: not a regular file (%s)", path,
+				S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" :
+				S_ISSOCK(st.st_mode) ? "a socket" : S_ISCHR(st.st_mode) ?
+				"a character device" : "a block device");
 		goto out;
 	}
 	if ((uint64_t)st.st_size > CFG_FILE_MAX) {
@@ -533,6 +587,26 @@ int sm70__config_check(struct sm70__config *c, struct sm70_err *err)
 				 c->tp, c->tp, c->n_gpus);
 	if (strcmp(c->backend, "null") == 0 && c->tp > 1)
 		return sm70_errf(err, -EINVAL, "tp: the null backend runs one rank only");
+	/* What the engine would refuse only once the model is loaded. */
+	if (c->engine.max_batch_tokens < c->engine.max_seqs)
+		return sm70_errf(err, -EINVAL, "engine.max_batch_tokens: %u is below engine.max_seqs "
+				 "(%u): each running sequence needs a token of every step's budget; "
+				 "raise max_batch_tokens or lower max_seqs", c->engine.max_batch_tokens,
+				 c->engine.max_seqs);
+	if (strcmp(c->backend, "cuda") != 0 && !(c->engine.kv_memory_fraction > 0)) {
+		/* host backends: every rank's cache is host memory (CUDA: main.c checks the
+		 * GPUs' memory) */
+		long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+		uint64_t host = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize : 0;
+		uint32_t ranks = c->tp ? c->tp : 1;
+
+		if (host && c->engine.kv_bytes > host / ranks)
+			return sm70_errf(err, -EINVAL, "engine.kv_bytes: %llu bytes for each of %u "
+					 "rank(s) is more than this host's memory (%llu bytes); lower "
+					 "it or use engine.kv_memory_fraction",
+					 (unsigned long long)c->engine.kv_bytes, ranks,
+					 (unsigned long long)host);
+	}
 	if (!c->admin_socket_path[0]) {
 		int n = snprintf(c->admin_socket_path, sizeof(c->admin_socket_path), "%s.admin",
 				 c->socket_path);
@@ -553,4 +627,37 @@ int sm70__config_check(struct sm70__config *c, struct sm70_err *err)
 	if (!c->limits.max_jobs_per_uid)
 		c->limits.max_jobs_per_uid = 4 * c->limits.max_jobs_in_flight;
 	return 0;
+}
+
+static int has_id(uint32_t id, const uint32_t *ids, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (ids[i] == id)
+			return 1;
+	return 0;
+}
+
+int sm70__config_limits_for(const struct sm70__config *c, uint32_t uid, const uint32_t *gids,
+			    uint32_t n_gids, struct sm70__cfg_limits *out)
+{
+	*out = c->limits;
+	for (uint32_t i = 0; i < c->n_overrides; i++) {
+		const struct sm70__cfg_override *o = &c->overrides[i];
+		int match = has_id(uid, o->uids, o->n_uids);
+
+		for (uint32_t g = 0; g < n_gids && !match; g++)
+			match = has_id(gids[g], o->gids, o->n_gids);
+		if (!match)
+			continue;
+#define SET(f) if (o->f != SM70__CFG_UNSET) out->f = o->f
+		SET(max_jobs_in_flight);
+		SET(max_prompt_tokens);
+		SET(max_new_tokens);
+		SET(max_priority);
+		SET(max_sessions_per_uid);
+		SET(max_jobs_per_uid);
+#undef SET
+		return (int)i;
+	}
+	return -1;
 }

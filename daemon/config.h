@@ -23,6 +23,34 @@
 #define SM70__CFG_PATH_MAX 108 /* sizeof(sun_path) */
 #define SM70__CFG_DIR_MAX 4096
 #define SM70__CFG_WORD 16 /* one of a few choices, NUL included */
+#define SM70__CFG_MAX_OVERRIDES 16
+#define SM70__CFG_UNSET UINT32_MAX /* an override entry does not set this limit */
+
+/* The limits that apply to one client (the config's "limits", or an override of them). */
+struct sm70__cfg_limits {
+	uint32_t max_jobs_in_flight;
+	uint32_t max_prompt_tokens;
+	uint32_t max_new_tokens;
+	uint32_t max_context_tokens; /* 0: the model's context */
+	uint32_t max_priority;	     /* priority is a privilege: 0 unless granted */
+	uint32_t max_top_logprobs;
+	/* Per uid, over all its sessions (a fair share, so that one uid cannot take every
+	 * slot). 0 in the file: derived by sm70__config_check, a quarter of max_sessions (at
+	 * least 1) and 4 x max_jobs_in_flight. */
+	uint32_t max_sessions_per_uid;
+	uint32_t max_jobs_per_uid;
+};
+
+/* One "overrides" entry: the limits it sets (others SM70__CFG_UNSET) for the peers it
+ * names by uid or by group (primary or supplementary). */
+struct sm70__cfg_override {
+	uint32_t uids[SM70__CFG_MAX_IDS];
+	uint32_t n_uids;
+	uint32_t gids[SM70__CFG_MAX_IDS];
+	uint32_t n_gids;
+	uint32_t max_jobs_in_flight, max_prompt_tokens, max_new_tokens, max_priority;
+	uint32_t max_sessions_per_uid, max_jobs_per_uid;
+};
 
 struct sm70__config {
 	/* the model and where it runs */
@@ -64,19 +92,10 @@ struct sm70__config {
 	uint32_t admin_socket_gid;
 	uint32_t has_admin_socket_gid;
 
-	struct {
-		uint32_t max_jobs_in_flight;
-		uint32_t max_prompt_tokens;
-		uint32_t max_new_tokens;
-		uint32_t max_context_tokens; /* 0: the model's context */
-		uint32_t max_priority;
-		uint32_t max_top_logprobs;
-		/* Per uid, over all its sessions (a fair share, so that one uid cannot take
-		 * every slot). 0 in the file: derived by sm70__config_check, a quarter of
-		 * max_sessions (at least 1) and 4 x max_jobs_in_flight. */
-		uint32_t max_sessions_per_uid;
-		uint32_t max_jobs_per_uid;
-	} limits;
+	struct sm70__cfg_limits limits;
+	/* Per uid or group: the first entry naming a peer sets the limits it lists. */
+	struct sm70__cfg_override overrides[SM70__CFG_MAX_OVERRIDES];
+	uint32_t n_overrides;
 
 	struct {
 		uint32_t max_seqs;
@@ -133,9 +152,16 @@ int sm70__config_load(struct sm70__config *c, const char *path, struct sm70_err 
 
 /* The checks that need the whole configuration (after the file and the command-line
  * flags): a model directory is set and is a readable directory; the admin socket path
- * (derived from the socket path when unset) fits; gpus is not empty for the CUDA backend.
+ * (derived from the socket path when unset) fits; gpus is not empty for the CUDA backend;
+ * engine settings that cannot start (a step budget below max_seqs, a host backend's KV
+ * cache larger than the host's memory).
  * Fills in derived defaults (the admin socket, the per-uid limits left at 0). Returns 0 or
  * -EINVAL/-errno with err naming the key. */
 int sm70__config_check(struct sm70__config *c, struct sm70_err *err);
+
+/* The limits for a peer: c->limits with the first override that names uid or one of the
+ * n_gids gids applied. Returns that override's index, or -1 if none names the peer. */
+int sm70__config_limits_for(const struct sm70__config *c, uint32_t uid, const uint32_t *gids,
+			    uint32_t n_gids, struct sm70__cfg_limits *out);
 
 #endif

@@ -353,8 +353,20 @@ static int kv_budget(const struct sm70__config *c, uint64_t *bytes, struct sm70_
 	uint32_t ranks = c->tp ? c->tp : 1;
 
 	*bytes = c->engine.kv_bytes;
-	if (!(c->engine.kv_memory_fraction > 0))
+	if (!(c->engine.kv_memory_fraction > 0)) {
+		/* a fixed size no GPU of the ranks could hold fails now, not after the load
+		 * (the host backends' check is sm70__config_check's) */
+		for (uint32_t r = 0; strcmp(c->backend, "cuda") == 0 && r < ranks &&
+		     r < c->n_gpus; r++)
+			if (!sm70__gpu_memory((int)c->gpus[r], &used, &total) &&
+			    c->engine.kv_bytes > total)
+				return sm70_errf(err, -EINVAL, "engine.kv_bytes: %llu bytes is more "
+						 "than GPU %u has (%llu bytes); lower it or use "
+						 "engine.kv_memory_fraction",
+						 (unsigned long long)c->engine.kv_bytes, c->gpus[r],
+						 (unsigned long long)total);
 		return 0;
+	}
 	w = weight_bytes(c->model_dir);
 	if (strcmp(c->backend, "cuda") == 0) {
 		for (uint32_t r = 0; r < ranks && r < c->n_gpus; r++) {
@@ -740,6 +752,8 @@ int main(int argc, char **argv)
 	d.admin_fd = -1;
 	sm70_err_clear(&err);
 	ret = configure(&d.cfg, &o, &cfg_from, &err);
+	if (o.check_config && !ret)
+		ret = kv_budget(&d.cfg, &d.kv_bytes, &err); /* the KV size against the devices */
 	if (o.check_config) {
 		if (ret)
 			fprintf(stderr, "sm70d: config: %s\n", err.msg);

@@ -180,15 +180,16 @@ void sm70__sched_submit(struct sm70__daemon *d, struct sm70__session *s,
 		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_BUSY, why);
 		goto refused;
 	}
-	if (s->use->jobs >= s->max_jobs_uid) {
+	if (s->use->jobs >= s->cfg_limits.max_jobs_per_uid) {
 		snprintf(why, sizeof(why), "limits.max_jobs_per_uid: uid %u has %u unfinished "
 			 "jobs in all its sessions, its limit", (unsigned)s->uid, s->use->jobs);
 		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_BUSY, why);
 		goto refused;
 	}
 	if (find_tag(s, e->tag)) {
-		snprintf(why, sizeof(why), "tag: %llu names an unfinished job of this session",
-			 (unsigned long long)e->tag);
+		/* posted with EVF_NOT_FINAL (session.c): the job with this tag goes on */
+		snprintf(why, sizeof(why), "tag: %llu names an unfinished job of this session, "
+			 "which goes on", (unsigned long long)e->tag);
 		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_INVALID, why);
 		goto refused;
 	}
@@ -238,6 +239,11 @@ void sm70__sched_submit(struct sm70__daemon *d, struct sm70__session *s,
 	return;
 refused:
 	free(prompt);
+}
+
+int sm70__sched_tag_in_use(struct sm70__session *s, uint64_t tag)
+{
+	return find_tag(s, tag) != NULL;
 }
 
 void sm70__sched_cancel(struct sm70__daemon *d, struct sm70__session *s, uint64_t tag)

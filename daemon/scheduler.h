@@ -63,6 +63,9 @@ struct sm70__job {
 void sm70__sched_submit(struct sm70__daemon *d, struct sm70__session *s,
 			const struct sm70_proto_sqe *e, int32_t *prompt);
 
+/* Whether an unfinished job of s has this tag. */
+int sm70__sched_tag_in_use(struct sm70__session *s, uint64_t tag);
+
 /* A CANCEL entry for tag: ends the job if it exists (its final event follows, from the
  * next engine step for a job in the engine). Unknown tags are ignored. */
 void sm70__sched_cancel(struct sm70__daemon *d, struct sm70__session *s, uint64_t tag);

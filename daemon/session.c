@@ -213,6 +213,28 @@ static void uid_use_put(struct sm70__daemon *d, struct sm70__uid_use *u)
 	free(u);
 }
 
+/* The config's limits for the peer of fd: its uid's and groups' overrides applied (the
+ * groups from SO_PEERGROUPS, only when an override names a group). */
+static void peer_limits(const struct sm70__daemon *d, int fd, const struct ucred *cred,
+			struct sm70__cfg_limits *out)
+{
+	uint32_t gids[257];
+	gid_t groups[256];
+	socklen_t len = sizeof(groups);
+	uint32_t n = 0;
+	int want_groups = 0, which;
+
+	for (uint32_t i = 0; i < d->cfg.n_overrides; i++)
+		want_groups |= d->cfg.overrides[i].n_gids > 0;
+	gids[n++] = (uint32_t)cred->gid;
+	if (want_groups && !getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len))
+		for (size_t i = 0; i < len / sizeof(gid_t) && n < 257; i++)
+			gids[n++] = (uint32_t)groups[i];
+	which = sm70__config_limits_for(&d->cfg, (uint32_t)cred->uid, gids, n, out);
+	if (which >= 0)
+		sm70__debug("uid %u: limits from overrides[%d]", (unsigned)cred->uid, which);
+}
+
 /* Fills a REFUSAL record (PROTOCOL.md section 4.3) and sends it without waiting. */
 static void refusal_send(struct sm70__daemon *d, int fd, int code, const char *reason,
 			 struct sm70_proto_refusal *r)
@@ -306,8 +328,7 @@ static int accept_one(struct sm70__daemon *d, int lfd)
 		close(fd);
 		return 1;
 	}
-	s->max_sessions_uid = d->cfg.limits.max_sessions_per_uid;
-	s->max_jobs_uid = d->cfg.limits.max_jobs_per_uid;
+	peer_limits(d, fd, &cred, &s->cfg_limits);
 	s->d = d;
 	s->id = ++d->next_session_id;
 	s->state = SM70__SESSION_HELLO;
@@ -427,14 +448,14 @@ static int welcome(struct sm70__daemon *d, struct sm70__session *s,
 	ar = ring_size(h->arena_tokens, d->cfg.rings.arena_tokens, ARENA_MIN, ARENA_MAX);
 
 	memset(&lim, 0, sizeof(lim));
-	lim.max_jobs_in_flight = d->cfg.limits.max_jobs_in_flight;
-	lim.max_prompt_tokens = min_u32(min_u32(d->cfg.limits.max_prompt_tokens, ar),
+	lim.max_jobs_in_flight = s->cfg_limits.max_jobs_in_flight;
+	lim.max_prompt_tokens = min_u32(min_u32(s->cfg_limits.max_prompt_tokens, ar),
 					d->max_position - 1);
-	lim.max_new_tokens = d->cfg.limits.max_new_tokens;
+	lim.max_new_tokens = s->cfg_limits.max_new_tokens;
 	lim.max_context_tokens = d->cfg.limits.max_context_tokens ?
 		min_u32(d->cfg.limits.max_context_tokens, d->max_position) : d->max_position;
 	lim.max_top_logprobs = min_u32(d->cfg.limits.max_top_logprobs, SM70_PROTO_MAX_TOP);
-	lim.max_priority = d->cfg.limits.max_priority;
+	lim.max_priority = s->cfg_limits.max_priority;
 	lim.vocab_size = d->vocab_size;
 	lim.slow_consumer_ms = d->cfg.slow_consumer_ms;
 
@@ -648,7 +669,9 @@ static void handle_hello(struct sm70__daemon *d, struct sm70__session *s)
 	ssize_t n;
 	int ret;
 
-	n = recvmsg(s->sock, &msg, MSG_DONTWAIT);
+	/* MSG_TRUNC: n is the record's real length even when it is longer than buf, so that
+	 * a refusal can say how long it was */
+	n = recvmsg(s->sock, &msg, MSG_DONTWAIT | MSG_TRUNC);
 	if (n < 0) {
 		if (errno != EAGAIN && errno != EINTR)
 			sm70__session_close(d, s, strerror(errno));
@@ -716,7 +739,7 @@ static void handle_hello(struct sm70__daemon *d, struct sm70__session *s)
 		       "its limit; retry later", d->cfg.max_sessions);
 		return;
 	}
-	if (s->use->sessions >= s->max_sessions_uid) {
+	if (s->use->sessions >= s->cfg_limits.max_sessions_per_uid) {
 		refuse(d, s, SM70_PROTO_E_BUSY, "limits.max_sessions_per_uid: uid %u already has "
 		       "%u sessions, its limit; close one or retry later", (unsigned)s->uid,
 		       s->use->sessions);
@@ -871,6 +894,11 @@ void sm70__session_post_error(struct sm70__daemon *d, struct sm70__session *s, u
 	memset(&ev, 0, sizeof(ev));
 	ev.type = SM70_PROTO_EV_ERROR;
 	ev.tag = tag;
+	/* The final event of its tag only if it answers a SUBMIT whose tag no unfinished job
+	 * holds; otherwise (a CANCEL, an unknown opcode, a tag in use) it ends nothing, and
+	 * says so, so that a client does not take it for the running job's end. */
+	if (opcode != SM70_PROTO_OP_SUBMIT || sm70__sched_tag_in_use(s, tag))
+		ev.flags = SM70_PROTO_EVF_NOT_FINAL;
 	ev.u.error.error = code;
 	ev.u.error.opcode = opcode;
 	snprintf(ev.u.error.message, sizeof(ev.u.error.message), "%s", msg);

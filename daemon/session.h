@@ -62,7 +62,7 @@ struct sm70__session {
 	pid_t pid;
 	struct sm70__uid_use *use; /* this uid's counts (scheduler.c counts the jobs) */
 	int counted;		   /* counted in use->sessions */
-	uint32_t max_sessions_uid, max_jobs_uid; /* the per-uid limits that apply to it */
+	struct sm70__cfg_limits cfg_limits; /* the config's limits for its uid and groups */
 	char name[SM70_PROTO_NAME_LEN + 1];
 	uint64_t t_accept_us;
 

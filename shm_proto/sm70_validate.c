@@ -110,14 +110,15 @@ static int check_submit(const struct sm70_proto_sqe *e, const struct sm70_proto_
 			    "prompt_len + max_new_tokens: %llu above the context limit %u",
 			    (unsigned long long)ctx, lim->max_context_tokens);
 
-	/* Written so that NaN fails every comparison and lands in the error branch. */
+	/* Written so that NaN fails every comparison and lands in the error branch. %.9g:
+	 * enough digits to tell any float from its neighbours (1.0000001f is not "1"). */
 	if (!isfinite(e->temperature) || !(e->temperature >= 0.0f))
 		return fail(why, whylen, SM70_PROTO_E_INVALID,
-			    "temperature: must be finite and >= 0 (got %g)",
+			    "temperature: must be finite and >= 0 (got %.9g)",
 			    (double)e->temperature);
 	if (!(e->top_p > 0.0f && e->top_p <= 1.0f))
-		return fail(why, whylen, SM70_PROTO_E_INVALID, "top_p: must be in (0, 1] (got %g)",
-			    (double)e->top_p);
+		return fail(why, whylen, SM70_PROTO_E_INVALID,
+			    "top_p: must be in (0, 1] (got %.9g)", (double)e->top_p);
 	if (e->top_k < 0)
 		return fail(why, whylen, SM70_PROTO_E_INVALID, "top_k: must be >= 0 (got %d)",
 			    (int)e->top_k);
