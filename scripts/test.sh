@@ -1,8 +1,8 @@
 #!/bin/sh
 # Installs what is missing, builds, and runs every test: the normal build, then the
 # whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, then the libFuzzer
-# target for submission-entry validation for a bounded time (FUZZ_SECONDS, default 60),
-# then (in CI) the Debian packages end to end.
+# targets for submission-entry validation and the tokenizer, each for a bounded time
+# (FUZZ_SECONDS, default 60), then (in CI) the Debian packages end to end.
 # Usage: scripts/test.sh            (from anywhere; needs root or sudo for installs)
 set -eu
 cd "$(dirname "$0")/.."
@@ -16,6 +16,8 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	scons -Q -j"$jobs" BUILD_DIR=build/asan SANITIZE=address,undefined CUDA=0 test
 echo "== fuzz sm70_proto_validate_submit (${FUZZ_SECONDS:-60} s)"
 tests/fuzz/run.sh
+echo "== fuzz the tokenizer (${FUZZ_SECONDS:-60} s)"
+tests/fuzz/run-tokenizer.sh
 # The packaging check installs and purges system packages and a system user: it runs in CI
 # (CI=true, as .ci/run sets) or when asked for with SM70_TEST_PACKAGING=1.
 if [ "${CI:-}" = true ] || [ "${SM70_TEST_PACKAGING:-0}" = 1 ]; then

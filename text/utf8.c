@@ -139,6 +139,8 @@ int sm70__utf8_append_lossy(struct sm70_text *t, const uint8_t *s, size_t n)
 	uint32_t cp;
 	int rc;
 
+	if (!n)
+		return sm70_text_append(t, "", 0);
 	while (i < n) {
 		enum sm70_utf8_seq k = sm70__utf8_next(s + i, n - i, &len, &cp);
 
