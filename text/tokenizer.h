@@ -106,7 +106,9 @@ int sm70_detok_push(struct sm70_detok *d, int32_t id, struct sm70_text *delta);
 /* Ends the stream: appends whatever was held (an unfinished character as U+FFFD, text
  * that only began a stop string). Returns 0 or SM70_DETOK_STOPPED as push does. */
 int sm70_detok_finish(struct sm70_detok *d, struct sm70_text *delta);
-/* Which stop string matched (its index in opts.stop), or -1. */
+/* Which stop string matched (its index in opts.stop), or -1: the first one complete as
+ * the ids came; of several completed by one id, the earliest in the text, then the first
+ * listed. */
 int sm70_detok_stop_index(const struct sm70_detok *d);
 /* Starts a new stream with the same options. */
 void sm70_detok_reset(struct sm70_detok *d);

@@ -809,6 +809,21 @@ static void test_stop_strings(void **state)
 		free(got);
 	}
 	{
+		/* the first stop to complete wins, even if a longer one started earlier */
+		const char *stops[] = {"abcd", "bc"};
+		struct sm70_detok_opts o = {.size = sizeof(o), .stop = stops, .n_stop = 2};
+		struct sm70_detok *d;
+		char sym[4];
+
+		assert_int_equal(sm70_detok_new(qwen, &o, &d), 0);
+		push_expect(d, sm70_tokenizer_token_id(qwen, byte_symbol('a', sym), 1), 0, "");
+		push_expect(d, sm70_tokenizer_token_id(qwen, byte_symbol('b', sym), 1), 0, "");
+		push_expect(d, sm70_tokenizer_token_id(qwen, byte_symbol('c', sym), 1),
+			    SM70_DETOK_STOPPED, "a");
+		assert_int_equal(sm70_detok_stop_index(d), 1);
+		sm70_detok_free(d);
+	}
+	{
 		struct sm70_detok *d;
 		const char *empty[] = {""};
 		struct sm70_detok_opts o = {.size = sizeof(o), .stop = empty, .n_stop = 1};
