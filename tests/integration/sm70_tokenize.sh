@@ -103,5 +103,6 @@ json.dump(t, open(sys.argv[2], "w"))
 PY
 rc=0
 "$TOOL" --tokenizer "$T/wp.json" </dev/null 2>"$T/err" || rc=$?
-[ $rc -eq 2 ] && grep -q "WordPiece is not supported" "$T/err" || fail "WordPiece: rc $rc, $(cat "$T/err")"
+[ $rc -eq 2 ] && grep -q "WordPiece is not supported" "$T/err" ||
+	fail "WordPiece: rc $rc, $(cat "$T/err")"
 echo "exit code 2: bad arguments, missing tokenizer, unsupported model type named"

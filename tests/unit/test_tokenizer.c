@@ -560,6 +560,35 @@ static void test_added_token_options(void **state)
 	json_decref(root);
 }
 
+/* Merges in the "a b" string form, and ignore_merges (a word in the vocab is that token). */
+static void test_merges_forms(void **state)
+{
+	for (int ignore = 0; ignore <= 1; ignore++) {
+		json_t *root = tiny_json(), *model = json_object_get(root, "model");
+		json_t *vocab = json_object_get(model, "vocab");
+		struct sm70_tokenizer *t = NULL;
+		struct sm70_err err = {{0}};
+
+		json_object_set_new(vocab, "xy", json_integer(257));
+		json_object_set_new(vocab, "xyz", json_integer(258));
+		json_object_set_new(model, "merges", json_pack("[s]", "x y"));
+		json_object_set_new(model, "ignore_merges", json_boolean(ignore));
+		if (load_tiny(root, &t, &err))
+			fail_msg("tiny: %s", err.msg);
+		EXPECT(t, "xy", 257);
+		if (ignore) {
+			EXPECT(t, "xyz", 258);
+		} else {
+			EXPECT(t, "xyz", 257, 'z');
+		}
+		EXPECT(t, "xyxy", 257, 257);
+		EXPECT(t, "<s>", 259);      /* added tokens count from the vocab's size */
+		sm70_tokenizer_free(t);
+		json_decref(root);
+	}
+	print_message("merges: the \"a b\" form; ignore_merges off and on\n");
+}
+
 /* What is not supported is refused at load, by name. */
 static void test_refusals(void **state)
 {
@@ -847,6 +876,7 @@ int main(void)
 		cmocka_unit_test(test_special_tokens),
 		cmocka_unit_test(test_invalid_utf8),
 		cmocka_unit_test(test_added_token_options),
+		cmocka_unit_test(test_merges_forms),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_stream_corpus),
 		cmocka_unit_test(test_stream_split_utf8),
