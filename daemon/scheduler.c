@@ -4,8 +4,16 @@
  * The engine is first-come-first-served and knows nothing of clients, so fairness lives
  * here: a job waits in its client's queue and enters the engine only when the engine has
  * a free running slot or fewer than feed_depth jobs waiting. The next job comes from the
- * client whose queue head has the highest priority, ties broken round robin after the
- * client fed last. A client whose event ring is full (events held) is not fed at all.
+ * client whose queue head has the highest priority, then the one with the fewest jobs in
+ * the engine, ties broken round robin after the client fed last. A client whose event ring
+ * is full (events held) is not fed at all.
+ *
+ * Running jobs are not left to finish when that is unfair: with the engine full, a client
+ * below its share of the running slots (max_seqs / clients with work, at least 1) gets the
+ * head of the engine's queue, and the client holding the most jobs above its share gives
+ * up its newest running one of no higher priority, which the engine parks (its KV freed;
+ * recomputed, with the same tokens, when resumed). So a newly arrived client's job starts
+ * within an engine step or two, not after another client's whole jobs.
  *
  * The engine's request tag is the job pointer: its events find the job without a lookup,
  * and the job (and so its session) lives until the engine's final event for it.
@@ -127,10 +135,15 @@ static void finish_job(struct sm70__daemon *d, struct sm70__job *j, uint16_t rea
 		    s->id, (unsigned long long)j->serial, (unsigned long long)j->tag, reason,
 		    error, j->n_posted);
 
-	if (!j->in_engine)
+	if (!j->in_engine) {
 		queue_remove(s, j);
-	else
+	} else {
 		d->n_engine_jobs--;
+		if (j->parked)
+			s->n_parked--;
+		else
+			s->n_eng--;
+	}
 	if (j->prev_in_session)
 		j->prev_in_session->next_in_session = j->next_in_session;
 	else
@@ -310,9 +323,33 @@ void sm70__sched_kill_all(struct sm70__daemon *d, enum sm70__kill k)
 
 /* ---- the engine ------------------------------------------------------------------------ */
 
+/* Whether s has work the engine could take now: queued jobs, or parked ones to resume. */
 static int feedable(const struct sm70__session *s)
 {
-	return s->state == SM70__SESSION_ACTIVE && !s->held_count && s->queue;
+	return s->state == SM70__SESSION_ACTIVE && !s->held_count && (s->queue || s->n_parked);
+}
+
+/* The parked job of s to resume first: highest priority, oldest among equals (s->jobs is
+ * newest first). NULL if none is parked. */
+static struct sm70__job *parked_head(const struct sm70__session *s)
+{
+	struct sm70__job *best = NULL;
+
+	if (!s->n_parked)
+		return NULL;
+	for (struct sm70__job *j = s->jobs; j; j = j->next_in_session)
+		if (j->parked && !j->kill && (!best || j->priority >= best->priority))
+			best = j;
+	return best;
+}
+
+/* The priority of the next job s would give the engine. */
+static int head_priority(const struct sm70__session *s)
+{
+	const struct sm70__job *p = parked_head(s);
+	int q = s->queue ? s->queue->priority : -1;
+
+	return p && p->priority >= q ? p->priority : q;
 }
 
 int sm70__sched_busy(struct sm70__daemon *d)
@@ -325,28 +362,34 @@ int sm70__sched_busy(struct sm70__daemon *d)
 	return 0;
 }
 
-/* The next client to feed: highest queue-head priority, then the first after rr_last. */
+/* The next client to feed: highest head priority, then fewest jobs in the engine, then the
+ * first after rr_last. */
 static struct sm70__session *pick(struct sm70__daemon *d)
 {
 	struct sm70__session *best = NULL;
 	uint32_t best_key = 0;
+	int best_prio = -1;
 
 	for (struct sm70__session *s = d->sessions; s; s = s->next) {
 		uint32_t key;
+		int prio;
 
 		if (!feedable(s))
 			continue;
 		key = s->id - d->rr_last - 1; /* distance after rr_last, wrapping */
-		if (!best || s->queue->priority > best->queue->priority ||
-		    (s->queue->priority == best->queue->priority && key < best_key)) {
+		prio = head_priority(s);
+		if (!best || prio > best_prio ||
+		    (prio == best_prio && (s->n_eng < best->n_eng ||
+					   (s->n_eng == best->n_eng && key < best_key)))) {
 			best = s;
 			best_key = key;
+			best_prio = prio;
 		}
 	}
 	return best;
 }
 
-static int feed_one(struct sm70__daemon *d, struct sm70__session *s)
+static int feed_one(struct sm70__daemon *d, struct sm70__session *s, int front)
 {
 	struct sm70__job *j = s->queue;
 	struct sm70_request r;
@@ -367,6 +410,7 @@ static int feed_one(struct sm70__daemon *d, struct sm70__session *s)
 	memcpy(r.stop_ids, j->stop, sizeof(r.stop_ids));
 	r.ignore_eos = !!(j->flags & SM70_PROTO_SQF_IGNORE_EOS);
 	r.tag = (uint64_t)(uintptr_t)j;
+	r.front = front;
 	sm70_err_clear(&err);
 
 	d->rr_last = s->id;
@@ -386,19 +430,89 @@ static int feed_one(struct sm70__daemon *d, struct sm70__session *s)
 	free(j->prompt);
 	j->prompt = NULL;
 	d->n_engine_jobs++;
+	s->n_eng++;
 	return 1;
+}
+
+/* Gives the engine s's next job: its parked head, or its queue head, whichever comes
+ * first by priority (the parked one among equals: it is older). Returns 1 if the engine
+ * took one. */
+static int give_one(struct sm70__daemon *d, struct sm70__session *s, int front)
+{
+	struct sm70__job *p = parked_head(s);
+
+	if (p && (!s->queue || p->priority >= s->queue->priority)) {
+		d->rr_last = s->id;
+		if (sm70_engine_unpark(d->engine, p->engine_id, front))
+			return 0; /* cannot happen: the engine holds every job we think parked */
+		p->parked = 0;
+		s->n_parked--;
+		s->n_eng++;
+		return 1;
+	}
+	return s->queue ? feed_one(d, s, front) : 0;
+}
+
+/* The job another client gives up for s (of priority <= prio): the newest running job of
+ * the client with the most jobs in the engine, above share; failing a running one, its
+ * newest job waiting in the engine. NULL if no client is above share. */
+static struct sm70__job *victim(struct sm70__daemon *d, const struct sm70__session *s,
+				uint32_t share, int prio)
+{
+	struct sm70__session *x = NULL;
+	struct sm70__job *waiting = NULL;
+
+	for (struct sm70__session *o = d->sessions; o; o = o->next)
+		if (o != s && o->n_eng > share && (!x || o->n_eng > x->n_eng))
+			x = o;
+	if (!x)
+		return NULL;
+	for (struct sm70__job *j = x->jobs; j; j = j->next_in_session) {
+		if (!j->in_engine || j->parked || j->kill || j->priority > prio)
+			continue;
+		if (sm70_engine_is_running(d->engine, j->engine_id))
+			return j;
+		if (!waiting)
+			waiting = j;
+	}
+	return waiting;
 }
 
 void sm70__sched_feed(struct sm70__daemon *d)
 {
 	struct sm70_engine_stats st;
 	uint32_t in_engine, cap = d->cfg.engine.max_seqs + d->cfg.engine.feed_depth;
+	uint32_t n_work = 0, share;
 	struct sm70__session *s;
+	struct sm70__job *v;
 
 	sm70_engine_get_stats(d->engine, &st);
 	in_engine = (uint32_t)(st.running + st.waiting);
-	while (in_engine < cap && (s = pick(d)))
-		in_engine += (uint32_t)feed_one(d, s);
+	for (s = d->sessions; s; s = s->next)
+		n_work += s->state == SM70__SESSION_ACTIVE && (s->queue || s->n_eng || s->n_parked);
+	share = n_work ? d->cfg.engine.max_seqs / n_work : 0;
+	if (share < 1)
+		share = 1;
+	while ((s = pick(d))) {
+		if (in_engine < cap) {
+			in_engine += (uint32_t)give_one(d, s, 0);
+			continue;
+		}
+		/* Full. A client below its share takes a running slot from the one above it
+		 * with the most: that one's job is parked, s's goes to the head of the queue. */
+		if (s->n_eng >= share || !(v = victim(d, s, share, head_priority(s))))
+			break;
+		if (sm70_engine_park(d->engine, v->engine_id))
+			break;
+		v->parked = 1;
+		v->s->n_eng--;
+		v->s->n_parked++;
+		sm70__debug("session %u: job %llu parked for session %u (%u in the engine, share "
+			    "%u)", v->s->id, (unsigned long long)v->serial, s->id, v->s->n_eng + 1,
+			    share);
+		if (!give_one(d, s, 1))
+			in_engine--;
+	}
 }
 
 static void post_token(struct sm70__daemon *d, struct sm70__job *j,

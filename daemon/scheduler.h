@@ -36,6 +36,7 @@ struct sm70__job {
 	uint64_t tag;	 /* the client's */
 	uint64_t engine_id;
 	int in_engine;
+	int parked; /* in the engine but paused for another client (sm70_engine_park) */
 	enum sm70__kill kill;
 	uint8_t priority;
 	uint32_t flags;
@@ -85,8 +86,10 @@ void sm70__sched_kill_all(struct sm70__daemon *d, enum sm70__kill kill);
  * that is not stalled. */
 int sm70__sched_busy(struct sm70__daemon *d);
 
-/* Moves queued jobs into the engine: round robin across clients, highest priority first,
- * until max_seqs plus feed_depth jobs are in it. */
+/* Moves queued (and resumes parked) jobs into the engine, highest priority first, then
+ * the client with the fewest jobs in the engine, ties round robin, until max_seqs plus
+ * feed_depth jobs are in it; when it is full, a client below its share of the running slots
+ * takes one from the client holding the most (docs/DAEMON.md, "Scheduler"). */
 void sm70__sched_feed(struct sm70__daemon *d);
 
 /* Runs one engine step and posts its events. Returns the engine's result. */

@@ -93,6 +93,7 @@ struct sm70__session {
 	struct sm70__job *jobs;	    /* every accepted unfinished job of this session */
 	struct sm70__job *queue;    /* not yet in the engine, by priority then age */
 	uint32_t n_jobs, n_queued;
+	uint32_t n_eng, n_parked; /* jobs in the engine: scheduled there, or parked */
 
 	/* SM70__SESSION_WAITING: the hello, kept for the welcome */
 	struct sm70_proto_hello hello;

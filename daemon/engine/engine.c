@@ -62,6 +62,8 @@ struct sm70_engine {
 	int n_running;
 	struct seq *wait_head, *wait_tail;
 	int n_waiting;
+	struct seq *parked; /* sm70_engine_park: out of scheduling, linked by next */
+	int n_parked;
 	uint64_t next_id;
 
 	/* step scratch, sized at open */
@@ -427,6 +429,10 @@ void sm70_engine_close(struct sm70_engine *e)
 		n = s->next;
 		seq_destroy(e, s);
 	}
+	for (s = e->parked; s; s = n) {
+		n = s->next;
+		seq_destroy(e, s);
+	}
 	sm70_block_pool_fini(&e->pool);
 	sm70_sampler_destroy(e->sampler);
 	sm70_model_free(e->model);
@@ -550,14 +556,34 @@ int sm70_engine_submit(struct sm70_engine *e, const struct sm70_request *r, uint
 	s->req = *r;
 	s->req.prompt = NULL;
 	s->id = e->next_id++;
-	wait_push_back(e, s);
+	if (r->front)
+		wait_push_front(e, s);
+	else
+		wait_push_back(e, s);
 	e->stats.prompt_tokens += (uint64_t)r->n_prompt;
 	*id = s->id;
 	return 0;
 }
 
+/* Takes request id out of the parked list. NULL if it is not parked. */
+static struct seq *parked_take(struct sm70_engine *e, uint64_t id)
+{
+	for (struct seq **pp = &e->parked; *pp; pp = &(*pp)->next)
+		if ((*pp)->id == id) {
+			struct seq *s = *pp;
+
+			*pp = s->next;
+			s->next = NULL;
+			e->n_parked--;
+			return s;
+		}
+	return NULL;
+}
+
 int sm70_engine_cancel(struct sm70_engine *e, uint64_t id)
 {
+	struct seq *p;
+
 	for (int i = 0; i < e->n_running; i++)
 		if (e->running[i]->id == id) {
 			e->running[i]->cancelled = 1;
@@ -568,7 +594,65 @@ int sm70_engine_cancel(struct sm70_engine *e, uint64_t id)
 			s->cancelled = 1;
 			return 0;
 		}
-	return -ENOENT;
+	/* a parked one goes back where the next step reaps it */
+	p = parked_take(e, id);
+	if (!p)
+		return -ENOENT;
+	p->cancelled = 1;
+	wait_push_front(e, p);
+	return 0;
+}
+
+static void preempt(struct sm70_engine *e, int i);
+
+int sm70_engine_park(struct sm70_engine *e, uint64_t id)
+{
+	struct seq **pp, *s = NULL;
+
+	for (int i = 0; i < e->n_running && !s; i++)
+		if (e->running[i]->id == id && !e->running[i]->cancelled) {
+			s = e->running[i];
+			preempt(e, i); /* frees its memory; it is now the waiting queue's head */
+		}
+	for (pp = &e->wait_head; !s && *pp; pp = &(*pp)->next)
+		if ((*pp)->id == id && !(*pp)->cancelled)
+			s = *pp;
+	if (!s)
+		return -ENOENT;
+	/* out of the waiting queue (where preempt just put it, or where it was) */
+	for (pp = &e->wait_head; *pp != s; pp = &(*pp)->next)
+		;
+	*pp = s->next;
+	e->n_waiting--;
+	e->wait_tail = NULL;
+	for (struct seq *w = e->wait_head; w; w = w->next)
+		e->wait_tail = w;
+	s->next = e->parked;
+	e->parked = s;
+	e->n_parked++;
+	e->stats.parks++;
+	return 0;
+}
+
+int sm70_engine_unpark(struct sm70_engine *e, uint64_t id, int front)
+{
+	struct seq *s = parked_take(e, id);
+
+	if (!s)
+		return -ENOENT;
+	if (front)
+		wait_push_front(e, s);
+	else
+		wait_push_back(e, s);
+	return 0;
+}
+
+int sm70_engine_is_running(const struct sm70_engine *e, uint64_t id)
+{
+	for (int i = 0; i < e->n_running; i++)
+		if (e->running[i]->id == id)
+			return 1;
+	return 0;
 }
 
 int sm70_engine_busy(const struct sm70_engine *e)
@@ -581,6 +665,7 @@ void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats
 	*s = e->stats;
 	s->running = e->n_running;
 	s->waiting = e->n_waiting;
+	s->parked = e->n_parked;
 	s->kv_blocks_free = sm70_block_pool_available(&e->pool);
 	s->state_slots_free = e->n_free_slots;
 	s->state_bytes = sm70_model_state_bytes(e->model);

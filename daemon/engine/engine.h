@@ -88,6 +88,8 @@ struct sm70_request {
 	int32_t stop_ids[SM70_MAX_STOP_TOKENS];
 	int ignore_eos;
 	uint64_t tag;             /* returned in every event */
+	int front;                /* queue at the head of the waiting queue, not the tail (a
+				   * scheduler's fair admission: next to be admitted) */
 	/* Benchmarks only (the daemon never sets it): take all but the last prompt token as
 	 * already in the KV cache, whatever the cache holds, so decode at a long context can
 	 * be timed without paying for its prefill. */
@@ -112,9 +114,11 @@ typedef void (*sm70_event_fn)(void *ctx, const struct sm70_event *ev);
 struct sm70_engine_stats {
 	int running;
 	int waiting;
+	int parked;
 	int kv_blocks_total;
 	int kv_blocks_free;
 	uint64_t preemptions;
+	uint64_t parks;           /* sm70_engine_park calls (a running one also preempts) */
 	uint64_t steps;
 	uint64_t prompt_tokens;
 	uint64_t generated_tokens;
@@ -154,9 +158,24 @@ const struct sm70_model_config *sm70_engine_model_config(const struct sm70_engin
 int sm70_engine_submit(struct sm70_engine *e, const struct sm70_request *r, uint64_t *id,
 		       struct sm70_err *err);
 
-/* Cancels a request; its final event (CANCELLED) comes from the next step. Returns 0 or
- * -ENOENT. */
+/* Cancels a request (running, waiting or parked); its final event (CANCELLED) comes from
+ * the next step. Returns 0 or -ENOENT. */
 int sm70_engine_cancel(struct sm70_engine *e, uint64_t id);
+
+/*
+ * Parking: a caller's way to pause a request for others. sm70_engine_park takes a running
+ * or waiting request out of scheduling: a running one is preempted (its KV blocks and
+ * state slot freed; its tokens kept, so it is recomputed when admitted again and goes on
+ * with the tokens it would have produced anyway). sm70_engine_unpark queues it again, at
+ * the head of the waiting queue (front) or the tail. A parked request emits nothing, counts
+ * in neither running nor waiting, and keeps sm70_engine_busy false on its own. Both return
+ * 0 or -ENOENT (not there, or already parked / not parked).
+ */
+int sm70_engine_park(struct sm70_engine *e, uint64_t id);
+int sm70_engine_unpark(struct sm70_engine *e, uint64_t id, int front);
+
+/* 1 if the request is running (admitted, holding its KV blocks), else 0. */
+int sm70_engine_is_running(const struct sm70_engine *e, uint64_t id);
 
 /* Runs one step, calling fn for each event. Returns the number of events, 0 when there
  * was nothing to do, or -errno on a backend failure. */

@@ -4,7 +4,8 @@
  * batch composition, stop tokens / EOS / length finish correctly, cancellation frees
  * memory, bad requests are refused with a message, and dummy weights are deterministic.
  * Preemption and the prefix cache run on a hybrid (DeltaNet) model too: its state slots
- * come back, recompute after preemption is exact, and prefix caching is off for it.
+ * come back, recompute after preemption is exact, and prefix caching is off for it. A
+ * parked request (the daemon's fair admission) resumes with the same tokens.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -414,9 +415,75 @@ static void test_outgrows_cache(void **state)
 	assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
 }
 
+/* A request parked mid-decode (and one parked while still waiting) produce nothing while
+ * parked, leave their KV blocks free, and once unparked (one at the head of the queue) go
+ * on with exactly the tokens they produce undisturbed; a parked request can be cancelled. */
+static void test_park_unpark(void **state)
+{
+	struct sm70_engine_opts eo;
+	struct sm70_request ra = { .prompt = prompt_a, .n_prompt = 40, .max_new_tokens = 30,
+				   .ignore_eos = 1, .sampling = { .temperature = 0.9f,
+				   .top_p = 0.9f, .seed = 5 } };
+	struct sm70_request rb = ra, rc = ra;
+	struct out alone = { 0 }, run = { 0 };
+	struct sm70_engine_stats st;
+	struct sm70_engine *e;
+	int before;
+
+	model_dir = MODEL;
+	make_prompts();
+	rb.prompt = prompt_b;
+	rb.n_prompt = 90;
+	rb.sampling.seed = 6;
+	sm70_engine_opts_default(&eo);
+	eo.no_prefix_cache = 1;
+	e = open_engine(&eo);
+	submit(e, &alone, &ra);
+	submit(e, &alone, &rb);
+	drain(e, &alone);
+
+	submit(e, &run, &ra);
+	submit(e, &run, &rb);
+	submit(e, &run, &rc);
+	assert_int_equal(sm70_engine_park(e, run.ids[2]), 0); /* parked while waiting */
+	for (int i = 0; i < 5; i++)
+		assert_true(sm70_engine_step(e, on_event, &run) >= 0);
+	assert_true(sm70_engine_is_running(e, run.ids[0]));
+	assert_int_equal(sm70_engine_park(e, run.ids[0]), 0); /* parked mid-decode */
+	assert_int_equal(sm70_engine_park(e, run.ids[0]), -ENOENT);
+	assert_false(sm70_engine_is_running(e, run.ids[0]));
+	sm70_engine_get_stats(e, &st);
+	assert_int_equal(st.parked, 2);
+	assert_int_equal(st.running, 1);
+	before = run.n[0];
+	while (sm70_engine_busy(e))
+		assert_true(sm70_engine_step(e, on_event, &run) >= 0);
+	assert_int_equal(run.n[0], before); /* nothing while parked */
+	assert_int_equal(run.finish[1], SM70_FINISH_LENGTH);
+	sm70_engine_get_stats(e, &st);
+	assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+	assert_int_equal(sm70_engine_unpark(e, run.ids[0], 1), 0);
+	assert_int_equal(sm70_engine_unpark(e, run.ids[0], 1), -ENOENT);
+	assert_int_equal(sm70_engine_cancel(e, run.ids[2]), 0);
+	drain(e, &run);
+	printf("park/unpark: request parked after %d tokens resumed to %d, equal to its "
+	       "undisturbed run; a parked one cancelled\n", before, run.n[0]);
+	assert_int_equal(run.finish[0], SM70_FINISH_LENGTH);
+	assert_int_equal(run.n[0], alone.n[0]);
+	assert_memory_equal(run.tok[0], alone.tok[0], sizeof(int32_t) * (size_t)alone.n[0]);
+	assert_memory_equal(run.tok[1], alone.tok[1], sizeof(int32_t) * (size_t)alone.n[1]);
+	assert_int_equal(run.finish[2], SM70_FINISH_CANCELLED);
+	assert_int_equal(run.n[2], 0);
+	sm70_engine_get_stats(e, &st);
+	assert_int_equal(st.parked, 0);
+	assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+	sm70_engine_close(e);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_park_unpark),
 		cmocka_unit_test(test_preemption_same_tokens),
 		cmocka_unit_test(test_preemption_hybrid),
 		cmocka_unit_test(test_state_slots_bound_admission),
