@@ -99,7 +99,7 @@ static void dummy_fill(struct dummy_job *j)
 
 	if (n > 32)
 		n = 32;
-	if (j->rows * j->cols >= ((size_t)4 << 20))
+	if (j->rows * j->cols >= ((size_t)1 << 20))
 		for (; started < n - 1; started++)
 			if (pthread_create(&th[started], NULL, dummy_worker, j))
 				break;

@@ -6,7 +6,10 @@
  * SM70_BACKEND=cuda (run on a GPU machine by tools/gpu-check.sh): fp16 numerics, so
  * tokens must be equal at every step where the reference's top-1/top-2 margin exceeds
  * 0.05 (after a divergence at a closer step the continuations legitimately differ and
- * the case stops there), and gaps agree within 2e-2. Mixture-of-experts fixtures also
+ * the case stops there), and gaps agree within 2e-2 (3e-2 for models with DeltaNet
+ * layers, whose every layer rounds three more activations to fp16: the convolution's,
+ * the delta rule's and the gated norm's outputs; their worst case measured 1.6e-2 on the
+ * reference kernels and 2.3e-2 on the fast ones). Mixture-of-experts fixtures also
  * carry each forward's router margin (the smallest gap between the k-th and (k+1)-th
  * routing probability over layers and tokens): from the first forward whose margin is
  * under 2e-4, about what fp16 activations move a probability, the GPU may route a token
@@ -29,6 +32,8 @@
 
 #define FIXTURES "tests/fixtures"
 static double gap_tol = 1e-3;
+static double gap_tol_recurrent = 1e-3; /* models with recurrent layers */
+static double case_tol;                 /* the one that applies to the model being run */
 static double margin_min = 0; /* steps closer than this may diverge (GPU only) */
 static double router_margin_min = 0; /* MoE: forwards routed closer than this, too */
 static const char *backend = "cpu";
@@ -79,6 +84,7 @@ static void run_cases(const char *dir, json_t *cases, const int *idx, int count,
 
 	if (ret)
 		fail_msg("open %s: %s", dir, err.msg);
+	case_tol = sm70_engine_model_config(e)->hybrid.n_gdn_layers ? gap_tol_recurrent : gap_tol;
 	memset(c, 0, sizeof(*c));
 	for (int i = 0; i < count; i++) {
 		json_t *cs = json_array_get(cases, (size_t)idx[i]);
@@ -145,7 +151,7 @@ static double check_case(const char *name, int idx, json_t *cs, const struct got
 								    "logprob"));
 			double ours = (double)g->s[i].top_logprobs[0] - g->s[i].top_logprobs[k];
 			double d = fabs(ours - (ref0 - rk));
-			if (d > gap_tol && i >= routed_close) {
+			if (d > case_tol && i >= routed_close) {
 				printf("%s case %d: top-%d gap off by %.4f at step %d, after forward %d "
 				       "routed within %.0e: compared up to there\n", name, idx, k, d, i,
 				       routed_close, router_margin_min);
@@ -153,14 +159,14 @@ static double check_case(const char *name, int idx, json_t *cs, const struct got
 			}
 			if (d > worst)
 				worst = d;
-			if (d > gap_tol)
+			if (d > case_tol)
 				fail_msg("%s case %d step %d: top-%d gap %.6f, reference %.6f", name,
 					 idx, i, k, ours, ref0 - rk);
 		}
 		double dl = fabs((double)g->s[i].logprob - ref0);
 		if (dl > worst)
 			worst = dl;
-		if (dl > gap_tol)
+		if (dl > case_tol)
 			fail_msg("%s case %d step %d: logprob %.6f, reference %.6f", name, idx, i,
 				 g->s[i].logprob, ref0);
 	}
@@ -299,6 +305,7 @@ int main(void)
 	if (b && strcmp(b, "cuda") == 0) {
 		backend = "cuda";
 		gap_tol = 2e-2;
+		gap_tol_recurrent = 3e-2;
 		margin_min = 0.05;
 		router_margin_min = 2e-4;
 	}
