@@ -232,7 +232,9 @@ static void serve_fixture(const char *dir, int recurrent)
 	       ival(st, "state_slots_total"), ival(st, "state_bytes"), ival(st, "kv_blocks_free"),
 	       ival(st, "kv_blocks_total"),
 	       json_is_true(json_object_get(st, "prefix_cache")) ? "on" : "off",
-	       json_is_string(json_object_get(st, "prefix_cache_off_reason")) ? json_string_value(json_object_get(st, "prefix_cache_off_reason")) : "no reason needed");
+	       json_is_string(json_object_get(st, "prefix_cache_off_reason")) ?
+		       json_string_value(json_object_get(st, "prefix_cache_off_reason")) :
+		       "no reason needed");
 	assert_int_equal(ival(st, "state_slots_total"), recurrent ? 8 : 0);
 	assert_int_equal(ival(st, "state_slots_free"), recurrent ? 8 : 0);
 	assert_true(recurrent ? ival(st, "state_bytes") > 0 : ival(st, "state_bytes") == 0);
