@@ -431,6 +431,42 @@ static const char *name(char *buf, size_t n, const char *p, const char *suffix)
 	return buf;
 }
 
+int sm70__load_decoder(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+		       sm70__mixer_load_fn load_mixer, void **state, struct sm70_err *err)
+{
+	const struct sm70_model_config *c = &m->cfg;
+	struct sm70_decoder *d = sm70__decoder_new(c->n_layers);
+	char p[96], n[160];
+	int ret;
+
+	if (!d)
+		return -ENOMEM;
+	/* checkpoint.c maps model.language_model.* (the VL layouts) to model.* */
+	ret = sm70__load_embed_head(m, r, ck, d, "model.", err);
+	for (int l = 0; !ret && l < c->n_layers; l++) {
+		struct sm70_layer_weights *L = &d->layers[l];
+
+		sm70__layer_prefix(p, sizeof(p), "model.", l);
+		ret = sm70__norm_load(m, r, ck, &L->mixer_norm,
+				      name(n, sizeof(n), p, "input_layernorm.weight"),
+				      c->hidden_size, err);
+		if (!ret)
+			ret = sm70__norm_load(m, r, ck, &L->mlp_norm,
+					      name(n, sizeof(n), p, "post_attention_layernorm.weight"),
+					      c->hidden_size, err);
+		if (!ret)
+			ret = load_mixer(m, r, ck, p, l, L, err);
+		if (!ret)
+			ret = sm70__load_ffn(m, r, ck, p, l, L, err);
+	}
+	if (ret) {
+		sm70__decoder_free(m, r, d);
+		return ret;
+	}
+	*state = d;
+	return 0;
+}
+
 int sm70__load_embed_head(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
 			  struct sm70_decoder *d, const char *prefix, struct sm70_err *err)
 {

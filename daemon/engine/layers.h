@@ -63,6 +63,20 @@ struct sm70_decoder {
 	struct sm70_layer_weights *layers;
 };
 
+/* How an architecture loads layer l's token mixer at name prefix p ("model.layers.L."). */
+typedef int (*sm70__mixer_load_fn)(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+				   const char *p, int l, struct sm70_layer_weights *w,
+				   struct sm70_err *err);
+
+/*
+ * Loads rank r's share of a whole decoder named model.*: embedding, LM head, final norm,
+ * and per layer its input and post-attention norms, its mixer (through load_mixer) and
+ * its MLP (sm70__load_ffn). *state gets the decoder. Returns 0 or -errno with err set;
+ * nothing is left allocated on failure.
+ */
+int sm70__load_decoder(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+		       sm70__mixer_load_fn load_mixer, void **state, struct sm70_err *err);
+
 /* Allocates an empty decoder of n_layers layers (NULL when out of memory). */
 struct sm70_decoder *sm70__decoder_new(int n_layers);
 

@@ -6,43 +6,18 @@
  *
  * Non-goals: sliding-window attention, rope scaling.
  */
-#include <errno.h>
-#include <stdio.h>
-
 #include "daemon/engine/layers.h"
+
+static int qwen3_mixer(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
+		       int l, struct sm70_layer_weights *w, struct sm70_err *err)
+{
+	return sm70__load_attention(m, r, ck, p, &w->attn, err);
+}
 
 static int qwen3_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, void **state,
 		      struct sm70_err *err)
 {
-	const struct sm70_model_config *c = &m->cfg;
-	struct sm70_decoder *d = sm70__decoder_new(c->n_layers);
-	char p[96], n[160];
-	int ret;
-
-	if (!d)
-		return -ENOMEM;
-	ret = sm70__load_embed_head(m, r, ck, d, "model.", err);
-	for (int l = 0; !ret && l < c->n_layers; l++) {
-		struct sm70_layer_weights *L = &d->layers[l];
-
-		sm70__layer_prefix(p, sizeof(p), "model.", l);
-		snprintf(n, sizeof(n), "%sinput_layernorm.weight", p);
-		ret = sm70__norm_load(m, r, ck, &L->mixer_norm, n, c->hidden_size, err);
-		if (ret)
-			break;
-		snprintf(n, sizeof(n), "%spost_attention_layernorm.weight", p);
-		ret = sm70__norm_load(m, r, ck, &L->mlp_norm, n, c->hidden_size, err);
-		if (!ret)
-			ret = sm70__load_attention(m, r, ck, p, &L->attn, err);
-		if (!ret)
-			ret = sm70__load_ffn(m, r, ck, p, l, L, err);
-	}
-	if (ret) {
-		sm70__decoder_free(m, r, d);
-		return ret;
-	}
-	*state = d;
-	return 0;
+	return sm70__load_decoder(m, r, ck, qwen3_mixer, state, err);
 }
 
 const struct sm70_arch_ops sm70__arch_qwen3 = {
