@@ -10,36 +10,18 @@
 
 #include <cmocka.h>
 
+#define OP_TEST_SEED 0x6d6e2024beefULL
+
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "tests/unit/op_test.h"
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
-static uint64_t rng_state = 0x6d6e2024beefULL;
-
-/* splitmix64: reproducible everywhere */
-static uint64_t rng_next(void)
-{
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-	return z ^ (z >> 31);
-}
-
-/* uniform in [lo, hi) */
-static float rnd(float lo, float hi)
-{
-	return (float)(lo + (hi - lo) * ((double)(rng_next() >> 11) * 0x1p-53));
-}
-
 static struct sm70_backend *mk_backend(int threads)
 {
-	struct sm70_backend *be = NULL;
-	struct sm70_err err = { { 0 } };
+	struct sm70_backend *be = cpu_backend(threads);
 
-	assert_int_equal(sm70_backend_cpu_create(&be, threads, &err), 0);
-	assert_non_null(be);
 	assert_non_null(be->ops->conv1d_silu);
 	assert_non_null(be->ops->gdn);
 	assert_non_null(be->ops->gated_rmsnorm);
@@ -47,47 +29,12 @@ static struct sm70_backend *mk_backend(int threads)
 	return be;
 }
 
-static void *balloc(struct sm70_backend *be, size_t bytes)
-{
-	void *p = be->ops->buf_alloc(be, bytes ? bytes : 1);
-
-	assert_non_null(p);
-	return p;
-}
-
-/* Largest error seen, absolute and relative to a scale stated per comparison. */
-struct errstat {
-	double max_abs;
-	double max_rel;
-	size_t n;
-};
-
-static void err_add(struct errstat *e, double got, double ref, double scale)
-{
-	double a = fabs(got - ref);
-	double r = scale > 0 ? a / scale : a;
-
-	if (isnan(got) || isnan(ref))
-		r = a = INFINITY;
-	if (a > e->max_abs)
-		e->max_abs = a;
-	if (r > e->max_rel)
-		e->max_rel = r;
-	e->n++;
-}
-
+/* Folds e into into: the larger maxima, the summed count. */
 static void err_merge(struct errstat *into, const struct errstat *e)
 {
 	into->max_abs = fmax(into->max_abs, e->max_abs);
 	into->max_rel = fmax(into->max_rel, e->max_rel);
 	into->n += e->n;
-}
-
-static void err_report(const char *what, const struct errstat *e, double tol)
-{
-	printf("  %-58s max abs %.3g, max rel %.3g (tol %.0e), %zu values\n", what, e->max_abs,
-	       e->max_rel, tol, e->n);
-	assert_true(e->max_rel <= tol);
 }
 
 /* Compares n floats against n doubles, relative to the largest |ref|. */
@@ -206,22 +153,22 @@ static void layer_init(struct sm70_backend *be, struct layer *L, struct shape s,
 	assert_non_null(L->rssm);
 	/* every slot starts dirty: a position-0 token must not see any of it */
 	for (size_t i = 0; i < L->conv_n; i++)
-		L->rconv[i] = ((float *)L->st.conv)[i] = rnd(-1, 1);
+		L->rconv[i] = ((float *)L->st.conv)[i] = rnd_range(-1, 1);
 	for (size_t i = 0; i < L->ssm_n; i++)
-		L->rssm[i] = L->st.ssm[i] = rnd(-1, 1);
+		L->rssm[i] = L->st.ssm[i] = rnd_range(-1, 1);
 	L->w = balloc(be, sizeof(float) * (size_t)conv_dim * s.conv_k);
 	for (int i = 0; i < conv_dim * s.conv_k; i++)
-		L->w[i] = rnd(-0.7f, 0.7f);
+		L->w[i] = rnd_range(-0.7f, 0.7f);
 	L->a_log = balloc(be, sizeof(float) * s.hv);
 	L->dt_bias = balloc(be, sizeof(float) * s.hv);
 	for (int h = 0; h < s.hv; h++) {
-		float A = reg == REG_WEAK ? rnd(0.005f, 0.02f)
-			  : reg == REG_STRONG ? rnd(8, 16)
-			  : reg == REG_SOFTPLUS ? rnd(0.001f, 0.02f)
-						 : rnd(0.5f, 8);
+		float A = reg == REG_WEAK ? rnd_range(0.005f, 0.02f)
+			  : reg == REG_STRONG ? rnd_range(8, 16)
+			  : reg == REG_SOFTPLUS ? rnd_range(0.001f, 0.02f)
+						 : rnd_range(0.5f, 8);
 
 		L->a_log[h] = logf(A);
-		L->dt_bias[h] = reg == REG_NORMAL ? rnd(-1, 1) : 0.0f;
+		L->dt_bias[h] = reg == REG_NORMAL ? rnd_range(-1, 1) : 0.0f;
 	}
 }
 
@@ -251,16 +198,16 @@ static void gin_new(struct sm70_backend *be, struct gin *g, const struct layer *
 	g->qkv = balloc(be, sizeof(float) * (size_t)T * L->lay.conv_dim);
 	g->ba = balloc(be, sizeof(float) * (size_t)T * g->ba_ld);
 	for (size_t i = 0; i < (size_t)T * L->lay.conv_dim; i++)
-		g->qkv[i] = rnd(-1, 1);
+		g->qkv[i] = rnd_range(-1, 1);
 	for (int t = 0; t < T; t++) {
 		for (int h = 0; h < hv; h++) {
 			float *ba = g->ba + (size_t)t * g->ba_ld;
 
-			ba[h] = rnd(-3, 3);
-			ba[hv + h] = L->reg == REG_WEAK ? rnd(-9, -7)
-				     : L->reg == REG_STRONG ? rnd(4, 8)
-				     : L->reg == REG_SOFTPLUS ? rnd(15, 25)
-							     : rnd(-4, 4);
+			ba[h] = rnd_range(-3, 3);
+			ba[hv + h] = L->reg == REG_WEAK ? rnd_range(-9, -7)
+				     : L->reg == REG_STRONG ? rnd_range(4, 8)
+				     : L->reg == REG_SOFTPLUS ? rnd_range(15, 25)
+							     : rnd_range(-4, 4);
 		}
 	}
 }
@@ -428,7 +375,7 @@ static void test_conv1d_silu(void **state)
 
 			assert_non_null(ref);
 			for (size_t i = 0; i < (size_t)T * ld; i++)
-				x[i] = rnd(-2, 2);
+				x[i] = rnd_range(-2, 2);
 			be->ops->conv1d_silu(be, out, x, ld, L.w, &L.st, &L.lay, &tb->b);
 			ref_conv(&L, x, ld, &tb->b, ref);
 			cmp_vec(&e, out, ref, (size_t)T * dim);
@@ -467,12 +414,12 @@ static void test_gated_rmsnorm(void **state)
 
 			assert_non_null(x0);
 			for (int i = 0; i < n * nh * dim; i++)
-				x0[i] = x[i] = rnd(-3, 3);
+				x0[i] = x[i] = rnd_range(-3, 3);
 			for (int i = 0; i < n * z_ld; i++)
-				z[i] = rnd(-12, 12);
+				z[i] = rnd_range(-12, 12);
 			z[0] = -100.0f;
 			for (int i = 0; i < dim; i++)
-				w[i] = rnd(-2, 2);
+				w[i] = rnd_range(-2, 2);
 			be->ops->gated_rmsnorm(be, x, z, z_ld, w, n, nh, dim, eps);
 			for (int i = 0; i < n; i++) {
 				for (int h = 0; h < nh; h++) {
@@ -516,9 +463,9 @@ static void test_sigmoid_mul(void **state)
 
 		assert_non_null(x0);
 		for (int i = 0; i < n * dim; i++)
-			x0[i] = x[i] = rnd(-4, 4);
+			x0[i] = x[i] = rnd_range(-4, 4);
 		for (int i = 0; i < n * ld; i++)
-			g[i] = rnd(-15, 15);
+			g[i] = rnd_range(-15, 15);
 		g[0] = -200.0f;
 		g[ld - 1] = 200.0f;
 		be->ops->sigmoid_mul(be, x, g, ld, n, dim);
@@ -871,7 +818,7 @@ static void test_gdn_threads(void **state)
 			assert_non_null(cinit);
 			memcpy(cinit, L.st.conv, sizeof(float) * L.conv_n);
 			for (size_t i = 0; i < (size_t)T * dim; i++)
-				x[i] = rnd(-2, 2);
+				x[i] = rnd_range(-2, 2);
 			for (int run = 0; run < 2; run++) {
 				struct sm70_backend *be = run ? be4 : be1;
 

@@ -10,76 +10,22 @@
 
 #include <cmocka.h>
 
+#define OP_TEST_SEED 0x5eed0f3e7a11ULL
+
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "tests/unit/op_test.h"
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
-static uint64_t rng_state = 0x5eed0f3e7a11ULL;
-
-/* splitmix64: the same draws on every machine */
-static uint64_t rng_next(void)
-{
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-	return z ^ (z >> 31);
-}
-
-/* uniform in [lo, hi) */
-static float rnd(float lo, float hi)
-{
-	return (float)(lo + (hi - lo) * ((double)(rng_next() >> 11) * 0x1p-53));
-}
-
 static struct sm70_backend *mk_backend(int threads)
 {
-	struct sm70_backend *be = NULL;
-	struct sm70_err err = { { 0 } };
+	struct sm70_backend *be = cpu_backend(threads);
 
-	assert_int_equal(sm70_backend_cpu_create(&be, threads, &err), 0);
-	assert_non_null(be);
 	assert_non_null(be->ops->moe_route);
 	assert_non_null(be->ops->moe_experts);
 	assert_non_null(be->ops->sigmoid_scale_add);
 	return be;
-}
-
-static void *balloc(struct sm70_backend *be, size_t bytes)
-{
-	void *p = be->ops->buf_alloc(be, bytes ? bytes : 1);
-
-	assert_non_null(p);
-	return p;
-}
-
-/* Largest error seen, absolute and relative to a scale given per value. */
-struct errstat {
-	double max_abs;
-	double max_rel;
-	size_t n;
-};
-
-static void err_add(struct errstat *e, double got, double ref, double scale)
-{
-	double a = fabs(got - ref);
-	double r = scale > 0 ? a / scale : a;
-
-	if (isnan(got) || isnan(ref))
-		r = a = INFINITY;
-	if (a > e->max_abs)
-		e->max_abs = a;
-	if (r > e->max_rel)
-		e->max_rel = r;
-	e->n++;
-}
-
-static void err_report(const char *what, const struct errstat *e, double tol)
-{
-	printf("  %-58s max abs %.3g, max rel %.3g (tol %.0e), %zu values\n", what, e->max_abs,
-	       e->max_rel, tol, e->n);
-	assert_true(e->max_rel <= tol);
 }
 
 /* ---- routes ------------------------------------------------------------------------- */
@@ -214,13 +160,13 @@ static void fill_logits(float *l, int ld, int n, int E, int k)
 {
 	for (int t = 0; t < n; t++)
 		for (int c = 0; c < ld; c++)
-			l[(size_t)t * ld + c] = c < E ? rnd(-4, 4) : 100.0f;
+			l[(size_t)t * ld + c] = c < E ? rnd_range(-4, 4) : 100.0f;
 	if (!ties_fit(n, E, k))
 		return;
 	for (int e = 0; e < E; e++) {
 		l[1 * ld + e] = 0.25f;
-		l[2 * ld + e] = rnd(-4, 0);
-		l[(size_t)(n - 1) * ld + e] = rnd(-4, 0);
+		l[2 * ld + e] = rnd_range(-4, 0);
+		l[(size_t)(n - 1) * ld + e] = rnd_range(-4, 0);
 	}
 	l[2 * ld + 1] = l[2 * ld + 3] = l[2 * ld + E / 2] = l[2 * ld + E - 1] = 2.5f;
 	for (int i = 0; i < k - 1; i++)
@@ -344,7 +290,7 @@ static void stack_new(struct sm70_backend *be, struct stack *st, enum sm70_dtype
 	st->f = malloc(sizeof(float) * count);
 	assert_non_null(st->f);
 	for (size_t i = 0; i < count; i++)
-		stack_set(st, i, rnd(-a, a));
+		stack_set(st, i, rnd_range(-a, a));
 }
 
 /* NaN into every expert no token chose: if the op read one into a result, it shows. */
@@ -393,9 +339,9 @@ static void ex_new(struct sm70_backend *be, struct ex_case *c, struct ex_shape s
 	c->sh = sh;
 	c->x = balloc(be, sizeof(float) * (size_t)sh.n * sh.hidden);
 	for (size_t i = 0; i < (size_t)sh.n * sh.hidden; i++)
-		c->x[i] = rnd(-1, 1);
+		c->x[i] = rnd_range(-1, 1);
 	for (size_t i = 0; i < (size_t)sh.n * sh.E; i++)
-		l[i] = rnd(-2, 2);
+		l[i] = rnd_range(-2, 2);
 	for (int t = 0; t < sh.n && t < 2; t++)
 		l[(size_t)t * sh.E + 3] = 6.0f;
 	route_new(be, &c->r, sh.n, sh.k);
@@ -542,11 +488,11 @@ static void test_sigmoid_scale_add(void **state)
 
 		assert_non_null(out0);
 		for (int i = 0; i < n * dim; i++) {
-			out0[i] = out[i] = rnd(-4, 4);
-			x[i] = rnd(-4, 4);
+			out0[i] = out[i] = rnd_range(-4, 4);
+			x[i] = rnd_range(-4, 4);
 		}
 		for (int i = 0; i < n * ld; i++)
-			g[i] = i % ld ? NAN : rnd(-15, 15); /* only column 0 may be read */
+			g[i] = i % ld ? NAN : rnd_range(-15, 15); /* only column 0 may be read */
 		g[0] = -200.0f;
 		g[(n - 1) * ld] = 200.0f;
 		be->ops->sigmoid_scale_add(be, out, x, g, ld, n, dim);
@@ -632,14 +578,14 @@ static void test_moe_threads(void **state)
 		float *g = balloc(be1, sizeof(float) * n * ld);
 
 		for (int i = 0; i < n * dim; i++)
-			x[i] = rnd(-4, 4);
+			x[i] = rnd_range(-4, 4);
 		for (int i = 0; i < n * ld; i++)
-			g[i] = rnd(-8, 8);
+			g[i] = rnd_range(-8, 8);
 		for (int run = 0; run < 2; run++) {
 			rng_state = 99; /* the same starting out for both */
 			o[run] = balloc(be1, sizeof(float) * n * dim);
 			for (int i = 0; i < n * dim; i++)
-				o[run][i] = rnd(-4, 4);
+				o[run][i] = rnd_range(-4, 4);
 			(run ? be4 : be1)->ops->sigmoid_scale_add(run ? be4 : be1, o[run], x, g, ld,
 								  n, dim);
 		}
