@@ -103,6 +103,44 @@ static inline void *up_act(struct sm70_backend *be, const float *v, size_t n)
 	return p;
 }
 
+/* n act values of a backend buffer as floats in dst (f16 decoded on CUDA). */
+static inline void get_act(struct sm70_backend *be, float *dst, const void *src, size_t n)
+{
+	uint16_t *h;
+
+	if (be->act_dtype == SM70_DTYPE_F32) {
+		assert_int_equal(be->ops->download(be, dst, src, n * sizeof(float)), 0);
+		return;
+	}
+	h = malloc((n ? n : 1) * sizeof(*h));
+	assert_non_null(h);
+	assert_int_equal(be->ops->download(be, h, src, n * sizeof(*h)), 0);
+	for (size_t i = 0; i < n; i++)
+		dst[i] = sm70_f16_to_f32(h[i]);
+	free(h);
+}
+
+/* n f32 values of a backend buffer into dst. */
+static inline void get_f32(struct sm70_backend *be, float *dst, const void *src, size_t n)
+{
+	assert_int_equal(be->ops->download(be, dst, src, n * sizeof(float)), 0);
+}
+
+/* Writes n floats as act values into the existing backend buffer dst. */
+static inline void set_act(struct sm70_backend *be, void *dst, const float *v, size_t n)
+{
+	void *tmp = up_act(be, v, n);
+	size_t esz = be->act_dtype == SM70_DTYPE_F32 ? 4 : 2;
+	void *h = malloc(n * esz);
+
+	/* through the host: upload has no device-to-device form */
+	assert_non_null(h);
+	assert_int_equal(be->ops->download(be, h, tmp, n * esz), 0);
+	assert_int_equal(be->ops->upload(be, dst, h, n * esz), 0);
+	free(h);
+	bfree(be, tmp);
+}
+
 /* Prints and checks max |got - ref| / max |ref| <= tol. Returns the relative error. */
 static inline double compare_values(const char *what, const float *got, const float *ref,
 				    size_t n, double tol)

@@ -40,23 +40,6 @@ static void get_bytes(struct sm70_backend *be, void *dst, const void *src, size_
 	assert_int_equal(be->ops->download(be, dst, src, bytes), 0);
 }
 
-/* n act values of a backend buffer as floats */
-static void get_act(struct sm70_backend *be, float *dst, const void *src, size_t n)
-{
-	uint16_t *h;
-
-	if (be->act_dtype == SM70_DTYPE_F32) {
-		get_bytes(be, dst, src, n * sizeof(float));
-		return;
-	}
-	h = malloc((n ? n : 1) * sizeof(*h));
-	assert_non_null(h);
-	get_bytes(be, h, src, n * sizeof(*h));
-	for (size_t i = 0; i < n; i++)
-		dst[i] = sm70_f16_to_f32(h[i]);
-	free(h);
-}
-
 /* n raw f16 codes of a CUDA buffer (caller frees) */
 static uint16_t *get_f16_codes(struct sm70_backend *be, const void *src, size_t n)
 {

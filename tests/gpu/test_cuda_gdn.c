@@ -33,43 +33,6 @@
 
 static struct sm70_backend *gpu, *gpu_ref, *cpu;
 
-/* ---- helpers ----------------------------------------------------------------------- */
-
-static void get_act(struct sm70_backend *be, float *dst, const void *src, size_t n)
-{
-	uint16_t *h;
-
-	if (be->act_dtype == SM70_DTYPE_F32) {
-		assert_int_equal(be->ops->download(be, dst, src, n * sizeof(float)), 0);
-		return;
-	}
-	h = malloc((n ? n : 1) * sizeof(*h));
-	assert_non_null(h);
-	assert_int_equal(be->ops->download(be, h, src, n * sizeof(*h)), 0);
-	for (size_t i = 0; i < n; i++)
-		dst[i] = sm70_f16_to_f32(h[i]);
-	free(h);
-}
-
-static void get_f32(struct sm70_backend *be, float *dst, const void *src, size_t n)
-{
-	assert_int_equal(be->ops->download(be, dst, src, n * sizeof(float)), 0);
-}
-
-static void set_act(struct sm70_backend *be, void *dst, const float *v, size_t n)
-{
-	void *tmp = up_act(be, v, n);
-	size_t esz = be->act_dtype == SM70_DTYPE_F32 ? 4 : 2;
-	void *h = malloc(n * esz);
-
-	/* through the host: upload has no device-to-device form */
-	assert_non_null(h);
-	assert_int_equal(be->ops->download(be, h, tmp, n * esz), 0);
-	assert_int_equal(be->ops->upload(be, dst, h, n * esz), 0);
-	free(h);
-	bfree(be, tmp);
-}
-
 /* ---- batches ------------------------------------------------------------------------- */
 
 #define MAXT 1024

@@ -34,29 +34,6 @@ static struct sm70_backend *gpu, *gpu_ref, *cpu;
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
-
-/* n act values of a backend buffer as floats. */
-static void get_act(struct sm70_backend *be, float *dst, const void *src, size_t n)
-{
-	uint16_t *h;
-
-	if (be->act_dtype == SM70_DTYPE_F32) {
-		assert_int_equal(be->ops->download(be, dst, src, n * sizeof(float)), 0);
-		return;
-	}
-	h = malloc((n ? n : 1) * sizeof(*h));
-	assert_non_null(h);
-	assert_int_equal(be->ops->download(be, h, src, n * sizeof(*h)), 0);
-	for (size_t i = 0; i < n; i++)
-		dst[i] = sm70_f16_to_f32(h[i]);
-	free(h);
-}
-
-static void get_f32(struct sm70_backend *be, float *dst, const void *src, size_t n)
-{
-	assert_int_equal(be->ops->download(be, dst, src, n * sizeof(float)), 0);
-}
-
 /* A weight on a backend: f16 values (the CUDA weight_dtype; the CPU reads f16 too). */
 static struct sm70_weight mk_weight(struct sm70_backend *be, const float *v, int rows, int cols)
 {
