@@ -5,7 +5,8 @@
  * may pass `--backend null` and the last one wins) with a socket, a config file and a log file in a
  * fresh mkdtemp directory, so tests never collide with each other or with a system
  * daemon. The binary is $SM70_BUILD/bin/sm70d (SM70_BUILD defaults to "build"). Header-only
- * (static functions) so any test can include it; it uses only libc.
+ * (static functions) so any test can include it; it uses libc and jansson (for sm70ctl's
+ * JSON).
  *
  *   struct sm70t_daemon t;
  *   sm70t_daemon_start(&t, "{\"slow_consumer_ms\": 300}", NULL);   // 0 or -errno
@@ -14,7 +15,9 @@
  *   sm70t_daemon_cleanup(&t);
  *
  * sm70t_daemon_start_hook runs a function in the child before exec (an rlimit, an
- * environment variable); sm70t_count_fds counts a process's open descriptors.
+ * environment variable); sm70t_count_fds and sm70t_settled_fds count a process's open
+ * descriptors, sm70t_status_kb reads its memory; sm70t_ctl_status and sm70t_kv_status
+ * read `sm70ctl --json status`; sm70t_daemon_finish is a group teardown.
  *
  * Non-goals: systemd socket activation, GPU backends, several daemons sharing a dir.
  */
@@ -22,6 +25,7 @@
 #define SM70_TESTS_DAEMON_UTIL_H
 
 #include <dirent.h>
+#include <jansson.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -46,6 +50,14 @@ struct sm70t_daemon {
 	int exited; /* waitpid already collected it */
 	int status;
 };
+
+/* $SM70_BUILD, or "build" when it is unset or empty: where bin/ holds the programs. */
+static inline const char *sm70t_build_dir(void)
+{
+	const char *b = getenv("SM70_BUILD");
+
+	return b && *b ? b : "build";
+}
 
 static inline long sm70t_ms_now(void)
 {
@@ -117,7 +129,6 @@ static inline int sm70t_daemon_start_hook(struct sm70t_daemon *t, const char *mo
 					  const char *config_json, const char *const *extra,
 					  sm70t_child_hook hook, void *hook_arg)
 {
-	const char *build = getenv("SM70_BUILD");
 	char bin[256];
 	const char *argv[32];
 	int n = 0;
@@ -130,7 +141,7 @@ static inline int sm70t_daemon_start_hook(struct sm70t_daemon *t, const char *mo
 	snprintf(t->sock, sizeof(t->sock), "%s/sm70.sock", t->dir);
 	snprintf(t->log, sizeof(t->log), "%s/sm70d.log", t->dir);
 	snprintf(t->config, sizeof(t->config), "%s/config.json", t->dir);
-	snprintf(bin, sizeof(bin), "%s/bin/sm70d", build && *build ? build : "build");
+	snprintf(bin, sizeof(bin), "%s/bin/sm70d", sm70t_build_dir());
 	if (access(bin, X_OK)) {
 		fprintf(stderr, "daemon_util: %s is not executable (set SM70_BUILD)\n", bin);
 		return -ENOENT;
@@ -229,6 +240,83 @@ static inline int sm70t_count_fds(pid_t pid)
 	return n;
 }
 
+/* The descriptor count of pid once it stopped changing (five equal reads 20 ms apart, 4 s
+ * at most): the start-up probe connection of sm70t_daemon_start closes asynchronously. */
+static inline int sm70t_settled_fds(pid_t pid)
+{
+	int n = sm70t_count_fds(pid), same = 0;
+
+	for (int i = 0; i < 200 && same < 5; i++) {
+		int m;
+
+		usleep(20000);
+		m = sm70t_count_fds(pid);
+		same = m == n ? same + 1 : 0;
+		n = m;
+	}
+	return n;
+}
+
+/* One field of /proc/PID/status in kB (e.g. "RssAnon"), or -1. */
+static inline long sm70t_status_kb(pid_t pid, const char *field)
+{
+	char path[64], line[256];
+	size_t n = strlen(field);
+	long v = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, field, n) && line[n] == ':')
+			v = strtol(line + n + 1, NULL, 10);
+	fclose(f);
+	return v;
+}
+
+/* The daemon's `sm70ctl --json status` object through its admin socket (the caller
+ * json_decref()s it), or NULL when sm70ctl failed or printed no JSON. */
+static inline json_t *sm70t_ctl_status(const struct sm70t_daemon *t)
+{
+	char cmd[512], *out = NULL;
+	size_t len = 0;
+	json_error_t je;
+	json_t *root;
+	FILE *f;
+	int ok;
+
+	snprintf(cmd, sizeof(cmd), "%s/bin/sm70ctl --socket %s.admin --json status",
+		 sm70t_build_dir(), t->sock);
+	f = popen(cmd, "r");
+	if (!f)
+		return NULL;
+	ok = getline(&out, &len, f) > 0;
+	if (pclose(f) != 0 || !ok) {
+		free(out);
+		return NULL;
+	}
+	root = json_loads(out, 0, &je);
+	free(out);
+	return root;
+}
+
+/* Jobs and free / total KV blocks from sm70t_ctl_status. Returns 0 or -1. */
+static inline int sm70t_kv_status(const struct sm70t_daemon *t, int *jobs, int *free_blocks,
+				  int *total)
+{
+	json_t *root = sm70t_ctl_status(t);
+
+	if (!root)
+		return -1;
+	*jobs = (int)json_integer_value(json_object_get(root, "jobs"));
+	*free_blocks = (int)json_integer_value(json_object_get(root, "kv_blocks_free"));
+	*total = (int)json_integer_value(json_object_get(root, "kv_blocks_total"));
+	json_decref(root);
+	return 0;
+}
+
 /* Waits up to timeout_ms for the daemon to exit. Returns its exit status (0..255),
  * 128 + signal if a signal killed it, or -1 if it is still running. */
 static inline int sm70t_daemon_wait(struct sm70t_daemon *t, int timeout_ms)
@@ -276,6 +364,18 @@ static inline void sm70t_daemon_cleanup(struct sm70t_daemon *t)
 	unlink(t->config);
 	unlink(t->log);
 	rmdir(t->dir);
+}
+
+/* A group teardown: SIGTERM, up to timeout_ms for a clean exit (the log is printed if not),
+ * cleanup. Returns 0 (exit status 0) or -1. */
+static inline int sm70t_daemon_finish(struct sm70t_daemon *t, int timeout_ms)
+{
+	int st = sm70t_daemon_stop(t, SIGTERM, timeout_ms);
+
+	if (st != 0)
+		sm70t_daemon_dump_log(t);
+	sm70t_daemon_cleanup(t);
+	return st == 0 ? 0 : -1;
 }
 
 #endif

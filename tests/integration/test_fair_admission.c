@@ -45,21 +45,6 @@ struct a_state {
 	uint64_t tokens;
 };
 
-static int settled_fds(void)
-{
-	int n = sm70t_count_fds(dmn.pid), same = 0;
-
-	for (int i = 0; i < 200 && same < 5; i++) {
-		int m;
-
-		usleep(20000);
-		m = sm70t_count_fds(dmn.pid);
-		same = m == n ? same + 1 : 0;
-		n = m;
-	}
-	return n;
-}
-
 /* Takes A's events off its ring: token order and the shared greedy reference. */
 static void drain_a(struct sm70t_raw *a, struct a_state *st)
 {
@@ -93,39 +78,6 @@ static void drain_a(struct sm70t_raw *a, struct a_state *st)
 	}
 }
 
-static int ctl_status(int *jobs, int *free_blocks, int *total, long *preempt)
-{
-	const char *b = getenv("SM70_BUILD");
-	char cmd[512], *out = NULL;
-	size_t len = 0;
-	json_error_t je;
-	json_t *root;
-	FILE *f;
-	int ok;
-
-	snprintf(cmd, sizeof(cmd), "%s/bin/sm70ctl --socket %s.admin --json status",
-		 b && *b ? b : "build", dmn.sock);
-	f = popen(cmd, "r");
-	if (!f)
-		return -1;
-	ok = getline(&out, &len, f) > 0;
-	if (pclose(f) != 0 || !ok) {
-		free(out);
-		return -1;
-	}
-	root = json_loads(out, 0, &je);
-	free(out);
-	if (!root)
-		return -1;
-	*jobs = (int)json_integer_value(json_object_get(root, "jobs"));
-	*free_blocks = (int)json_integer_value(json_object_get(root, "kv_blocks_free"));
-	*total = (int)json_integer_value(json_object_get(root, "kv_blocks_total"));
-	if (preempt)
-		*preempt = (long)json_integer_value(json_object_get(root, "preemptions"));
-	json_decref(root);
-	return 0;
-}
-
 static void test_burst_leaves_a_share(void **state)
 {
 	static struct a_state st;
@@ -135,7 +87,7 @@ static void test_burst_leaves_a_share(void **state)
 	int n0, n_end, jobs = -1, fr = -1, total = -2;
 
 	(void)state;
-	n0 = settled_fds();
+	n0 = sm70t_settled_fds(dmn.pid);
 	assert_int_equal(sm70t_raw_connect(&a, dmn.sock, 65536, 5000), 0);
 	assert_int_equal(sm70t_raw_connect(&b, dmn.sock, 0, 5000), 0);
 	for (uint64_t k = 1; k <= N_A; k++)
@@ -197,13 +149,13 @@ static void test_burst_leaves_a_share(void **state)
 	sm70t_raw_close(&a);
 	sm70t_raw_close(&b);
 	t0 = sm70t_raw_ms();
-	while ((ctl_status(&jobs, &fr, &total, NULL) || jobs || fr != total) &&
+	while ((sm70t_kv_status(&dmn, &jobs, &fr, &total) || jobs || fr != total) &&
 	       sm70t_raw_ms() - t0 < 5000)
 		usleep(50000);
 	printf("after A hung up: %d jobs, %d of %d KV blocks free\n", jobs, fr, total);
 	assert_int_equal(jobs, 0);
 	assert_int_equal(fr, total);
-	n_end = settled_fds();
+	n_end = sm70t_settled_fds(dmn.pid);
 	printf("daemon descriptors: %d before, %d after\n", n0, n_end);
 	assert_int_equal(n_end, n0);
 }
@@ -220,14 +172,8 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-	int st;
-
 	(void)state;
-	st = sm70t_daemon_stop(&dmn, SIGTERM, 10000);
-	if (st != 0)
-		sm70t_daemon_dump_log(&dmn);
-	sm70t_daemon_cleanup(&dmn);
-	return st == 0 ? 0 : -1;
+	return sm70t_daemon_finish(&dmn, 10000);
 }
 
 int main(void)

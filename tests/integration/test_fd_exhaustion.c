@@ -49,22 +49,6 @@ static void lower_nofile(void *arg)
 		_exit(126);
 }
 
-/* The daemon's descriptor count once it stopped changing. */
-static int settled_fds(void)
-{
-	int n = sm70t_count_fds(t.pid), same = 0;
-
-	for (int i = 0; i < 200 && same < 5; i++) {
-		int m;
-
-		usleep(20000);
-		m = sm70t_count_fds(t.pid);
-		same = m == n ? same + 1 : 0;
-		n = m;
-	}
-	return n;
-}
-
 /* One job on a welcomed raw session; fails the test unless it finishes by length. */
 static void run_job(struct sm70t_raw *c, uint64_t tag)
 {
@@ -86,7 +70,7 @@ static void test_backlog_served_after_emfile(void **state)
 	long t0;
 
 	assert_int_equal(sm70t_daemon_start_hook(&t, NULL, cfg, NULL, lower_nofile, NULL), 0);
-	n0 = settled_fds();
+	n0 = sm70t_settled_fds(t.pid);
 	/* sessions until the daemon runs out of descriptors: the first one left waiting */
 	for (;;) {
 		assert_true(n_ok < MAX_CONN);
@@ -131,7 +115,7 @@ static void test_backlog_served_after_emfile(void **state)
 		sm70t_raw_close(&pend[i]);
 	for (i = 0; i < n_ok - closed; i++)
 		sm70t_raw_close(&c[i]);
-	n_end = settled_fds();
+	n_end = sm70t_settled_fds(t.pid);
 	printf("daemon descriptors: %d idle before, %d after every session closed\n", n0, n_end);
 	assert_int_equal(n_end, n0);
 	assert_int_equal(sm70t_daemon_stop(&t, SIGTERM, 5000), 0);
@@ -149,7 +133,7 @@ static void test_denied_uid_holds_no_descriptors(void **state)
 
 	assert_true(getuid() != 4242);
 	assert_int_equal(sm70t_daemon_start_hook(&t, NULL, cfg, NULL, lower_nofile, NULL), 0);
-	n0 = settled_fds();
+	n0 = sm70t_settled_fds(t.pid);
 	snprintf(a.sun_path, sizeof(a.sun_path), "%s", t.sock);
 	/* in batches that fit the listen backlog; no hello is ever sent */
 	for (int b = 0; b < N_DENIED; b += 50) {
@@ -173,7 +157,7 @@ static void test_denied_uid_holds_no_descriptors(void **state)
 			refused++;
 		}
 	}
-	n_held = settled_fds(); /* every connection is still open on the test's side */
+	n_held = sm70t_settled_fds(t.pid); /* every connection is still open on the test's side */
 	printf("%d connections of a denied uid, none sent a hello: %d refused with E_DENIED at "
 	       "once; daemon descriptors %d before, %d while the test holds them all "
 	       "(RLIMIT_NOFILE %d)\n", N_DENIED, refused, n0, n_held, FD_LIMIT);

@@ -48,40 +48,6 @@
 static const uint32_t prompt[5] = { 11, 22, 33, 44, 55 };
 static struct sm70t_daemon dmn;
 
-/* One field of /proc/PID/status in kB, or -1. */
-static long status_kb(pid_t pid, const char *field)
-{
-	char path[64], line[256];
-	size_t n = strlen(field);
-	long v = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	f = fopen(path, "r");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (!strncmp(line, field, n) && line[n] == ':')
-			v = strtol(line + n + 1, NULL, 10);
-	fclose(f);
-	return v;
-}
-
-static int settled_fds(void)
-{
-	int n = sm70t_count_fds(dmn.pid), same = 0;
-
-	for (int i = 0; i < 200 && same < 5; i++) {
-		int m;
-
-		usleep(20000);
-		m = sm70t_count_fds(dmn.pid);
-		same = m == n ? same + 1 : 0;
-		n = m;
-	}
-	return n;
-}
-
 /* ---- the victim: a raw client in a child process, jobs until told to stop -------------- */
 
 struct victim_report {
@@ -205,8 +171,8 @@ static void test_never_reading_sessions(void **state)
 	int n0, n_end, errors = 0, session_errors = 0, slow_finish = 0, tokens = 0, counted = 0;
 
 	(void)state;
-	n0 = settled_fds();
-	anon0 = status_kb(dmn.pid, "RssAnon");
+	n0 = sm70t_settled_fds(dmn.pid);
+	anon0 = sm70t_status_kb(dmn.pid, "RssAnon");
 	assert_true(anon0 > 0);
 	victim_start(&v);
 
@@ -243,8 +209,8 @@ static void test_never_reading_sessions(void **state)
 		assert_true(sm70t_raw_ms() - t0 < 30000);
 	}
 	usleep(200 * 1000);
-	anon1 = status_kb(dmn.pid, "RssAnon");
-	shm1 = status_kb(dmn.pid, "RssShmem");
+	anon1 = sm70t_status_kb(dmn.pid, "RssAnon");
+	shm1 = sm70t_status_kb(dmn.pid, "RssShmem");
 	for (int i = 0; i < N_FLOOD; i++)
 		assert_true(fl[i].sq_tail != sm70_ring_load_acquire(&fl[i].h->sq_head));
 	printf("flood: %d sessions (event rings of %d) wrote %u..%u invalid entries each in %ld "
@@ -332,9 +298,9 @@ static void test_never_reading_sessions(void **state)
 	sm70t_raw_close(&jobs);
 	for (int i = 0; i < N_FLOOD; i++)
 		sm70t_raw_close(&fl[i]);
-	n_end = settled_fds();
+	n_end = sm70t_settled_fds(dmn.pid);
 	printf("daemon descriptors: %d before the attack, %d after; RssAnon %ld kB\n", n0, n_end,
-	       status_kb(dmn.pid, "RssAnon"));
+	       sm70t_status_kb(dmn.pid, "RssAnon"));
 	assert_int_equal(n_end, n0);
 }
 
@@ -352,14 +318,8 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-	int st;
-
 	(void)state;
-	st = sm70t_daemon_stop(&dmn, SIGTERM, 5000);
-	if (st != 0)
-		sm70t_daemon_dump_log(&dmn);
-	sm70t_daemon_cleanup(&dmn);
-	return st == 0 ? 0 : -1;
+	return sm70t_daemon_finish(&dmn, 5000);
 }
 
 int main(void)

@@ -227,23 +227,6 @@ static void attack(struct sm70t_raw *h, int ms, struct attack_stats *st)
 
 /* ---- tests ------------------------------------------------------------------------------- */
 
-/* The daemon's descriptor count once it stopped changing (the start-up probe connection of
- * daemon_util is closed asynchronously). */
-static int settled_fds(void)
-{
-	int n = sm70t_count_fds(dmn.pid), same = 0;
-
-	for (int i = 0; i < 200 && same < 5; i++) {
-		int m;
-
-		usleep(20000);
-		m = sm70t_count_fds(dmn.pid);
-		same = m == n ? same + 1 : 0;
-		n = m;
-	}
-	return n;
-}
-
 static int setup(void **state)
 {
 	static const char cfg[] =
@@ -298,7 +281,7 @@ static void test_stolen_doorbell(void **state)
 {
 	struct sm70t_raw h;
 	struct attack_stats st;
-	int n0 = settled_fds();
+	int n0 = sm70t_settled_fds(dmn.pid);
 
 	assert_true(n0 > 0);
 	assert_int_equal(sm70t_raw_connect(&h, dmn.sock, 0, 5000), 0);
@@ -315,7 +298,7 @@ static void test_pinned_event_counter(void **state)
 	uint64_t got = 0;
 	long long after;
 	long t0;
-	int n0 = settled_fds();
+	int n0 = sm70t_settled_fds(dmn.pid);
 
 	assert_true(n0 > 0);
 	assert_int_equal(sm70t_raw_connect(&h, dmn.sock, 0, 5000), 0);

@@ -44,13 +44,6 @@
 static const uint32_t prompt[5] = { 11, 22, 33, 44, 55 };
 static struct sm70t_daemon dmn;
 
-static const char *build_dir(void)
-{
-	const char *b = getenv("SM70_BUILD");
-
-	return b && *b ? b : "build";
-}
-
 /* Writes e into the next SQ slot as is. */
 static void put_entry(struct sm70t_raw *c, const struct sm70_proto_sqe *e)
 {
@@ -314,7 +307,7 @@ static int run_sm70d(const char *dir, const char *path, int check, char *out, si
 
 	snprintf(errf, sizeof(errf), "%s/err.txt", dir);
 	snprintf(cmd, sizeof(cmd), "timeout 10 %s/bin/sm70d --model %s --socket %s/s.sock "
-		 "--config %s %s >/dev/null 2>%s", build_dir(), FIXTURE, dir, path,
+		 "--config %s %s >/dev/null 2>%s", sm70t_build_dir(), FIXTURE, dir, path,
 		 check ? "--check-config" : "", errf);
 	st = system(cmd);
 	f = fopen(errf, "r");

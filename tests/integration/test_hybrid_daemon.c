@@ -55,13 +55,6 @@ struct rec {
 	uint32_t tok[MAX_TOK];
 };
 
-static const char *build_dir(void)
-{
-	const char *b = getenv("SM70_BUILD");
-
-	return b && *b ? b : "build";
-}
-
 static void load_reference(const char *dir)
 {
 	json_error_t je;
@@ -145,26 +138,6 @@ static void client_body(const char *sock, int wfd)
 	_exit(0);
 }
 
-static json_t *ctl_status(const struct sm70t_daemon *t)
-{
-	char cmd[512], *out = NULL;
-	size_t len = 0;
-	json_error_t je;
-	json_t *root = NULL;
-	FILE *f;
-
-	snprintf(cmd, sizeof(cmd), "%s/bin/sm70ctl --socket %s.admin --json status", build_dir(),
-		 t->sock);
-	f = popen(cmd, "r");
-	if (!f)
-		return NULL;
-	if (getline(&out, &len, f) > 0)
-		root = json_loads(out, 0, &je);
-	pclose(f);
-	free(out);
-	return root;
-}
-
 static long long ival(json_t *o, const char *k)
 {
 	return json_integer_value(json_object_get(o, k));
@@ -222,7 +195,7 @@ static void serve_fixture(const char *dir, int recurrent)
 	/* the daemon's books: state beside the KV cache, everything returned */
 	for (long t0 = sm70t_ms_now(); sm70t_ms_now() - t0 < 3000; usleep(20000)) {
 		json_decref(st);
-		st = ctl_status(&d);
+		st = sm70t_ctl_status(&d);
 		assert_non_null(st);
 		if (ival(st, "jobs") == 0 && ival(st, "kv_blocks_free") == ival(st, "kv_blocks_total"))
 			break;

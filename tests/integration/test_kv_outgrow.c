@@ -40,53 +40,6 @@
 static struct sm70t_daemon dmn;
 static uint32_t prompt[KV_TOKENS];
 
-static int settled_fds(void)
-{
-	int n = sm70t_count_fds(dmn.pid), same = 0;
-
-	for (int i = 0; i < 200 && same < 5; i++) {
-		int m;
-
-		usleep(20000);
-		m = sm70t_count_fds(dmn.pid);
-		same = m == n ? same + 1 : 0;
-		n = m;
-	}
-	return n;
-}
-
-/* jobs and free/total KV blocks from `sm70ctl --json status`; 0 or -1 */
-static int ctl_status(int *jobs, int *free_blocks, int *total)
-{
-	const char *b = getenv("SM70_BUILD");
-	char cmd[512], *out = NULL;
-	size_t len = 0;
-	json_error_t je;
-	json_t *root;
-	FILE *f;
-	int ok;
-
-	snprintf(cmd, sizeof(cmd), "%s/bin/sm70ctl --socket %s.admin --json status",
-		 b && *b ? b : "build", dmn.sock);
-	f = popen(cmd, "r");
-	if (!f)
-		return -1;
-	ok = getline(&out, &len, f) > 0;
-	if (pclose(f) != 0 || !ok) {
-		free(out);
-		return -1;
-	}
-	root = json_loads(out, 0, &je);
-	free(out);
-	if (!root)
-		return -1;
-	*jobs = (int)json_integer_value(json_object_get(root, "jobs"));
-	*free_blocks = (int)json_integer_value(json_object_get(root, "kv_blocks_free"));
-	*total = (int)json_integer_value(json_object_get(root, "kv_blocks_total"));
-	json_decref(root);
-	return 0;
-}
-
 /* Reads events of both sessions until the hog's final event, running victim jobs one
  * after another meanwhile; returns the hog's TOKEN count and its final event in *fin. */
 static int hog_with_victim(struct sm70t_raw *hog, struct sm70t_raw *vic, uint64_t hog_tag,
@@ -153,7 +106,7 @@ static void test_job_outgrows_the_cache(void **state)
 	long max_ms = 0, t0;
 
 	(void)state;
-	n0 = settled_fds();
+	n0 = sm70t_settled_fds(dmn.pid);
 	assert_int_equal(sm70t_raw_connect(&hog, dmn.sock, 4096, 5000), 0);
 	assert_int_equal(sm70t_raw_connect(&vic, dmn.sock, 0, 5000), 0);
 
@@ -193,7 +146,7 @@ static void test_job_outgrows_the_cache(void **state)
 
 	/* nothing left behind */
 	t0 = sm70t_raw_ms();
-	while ((ctl_status(&jobs, &fr, &total) || jobs || fr != total) &&
+	while ((sm70t_kv_status(&dmn, &jobs, &fr, &total) || jobs || fr != total) &&
 	       sm70t_raw_ms() - t0 < 3000)
 		usleep(50000);
 	printf("sm70ctl status after: %d jobs, %d of %d KV blocks free\n", jobs, fr, total);
@@ -202,7 +155,7 @@ static void test_job_outgrows_the_cache(void **state)
 	assert_int_equal(total, KV_TOKENS / 16);
 	sm70t_raw_close(&hog);
 	sm70t_raw_close(&vic);
-	n_end = settled_fds();
+	n_end = sm70t_settled_fds(dmn.pid);
 	printf("daemon descriptors: %d before, %d after\n", n0, n_end);
 	assert_int_equal(n_end, n0);
 }
@@ -220,14 +173,8 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-	int st;
-
 	(void)state;
-	st = sm70t_daemon_stop(&dmn, SIGTERM, 5000);
-	if (st != 0)
-		sm70t_daemon_dump_log(&dmn);
-	sm70t_daemon_cleanup(&dmn);
-	return st == 0 ? 0 : -1;
+	return sm70t_daemon_finish(&dmn, 5000);
 }
 
 int main(void)

@@ -60,13 +60,6 @@ struct rec {
 	uint32_t tok[MAX_REC];
 };
 
-static const char *build_dir(void)
-{
-	const char *b = getenv("SM70_BUILD");
-
-	return b && *b ? b : "build";
-}
-
 /* Runs sm70-run on prompt p and stores its tokens. Returns 0 or -1. */
 static int expect_from_sm70_run(int p)
 {
@@ -83,7 +76,7 @@ static int expect_from_sm70_run(int p)
 		off += snprintf(ids + off, sizeof(ids) - (size_t)off, "%s%u", k ? "," : "",
 				prompts[p][k]);
 	snprintf(cmd, sizeof(cmd), "%s/bin/sm70-run -m %s --backend cpu --threads 1 "
-		 "--prompt-ids %s -n %d --json", build_dir(), FIXTURE, ids, MAX_NEW);
+		 "--prompt-ids %s -n %d --json", sm70t_build_dir(), FIXTURE, ids, MAX_NEW);
 	f = popen(cmd, "r");
 	if (!f)
 		return -1;
@@ -264,12 +257,8 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-	int st = sm70t_daemon_stop(&dmn, SIGTERM, 5000);
-
-	if (st != 0)
-		sm70t_daemon_dump_log(&dmn);
-	sm70t_daemon_cleanup(&dmn);
-	return st == 0 ? 0 : -1;
+	(void)state;
+	return sm70t_daemon_finish(&dmn, 5000);
 }
 
 /* ---- tests -------------------------------------------------------------------------------- */
@@ -345,45 +334,13 @@ static void test_killed_client_leaves_others_alone(void **state)
 	run_clients(2, 2); /* and it keeps serving */
 }
 
-/* The daemon's own counters through `sm70ctl --json status` on its admin socket (the
- * default: the client socket's path + ".admin"). Returns 0 and fills the three, or -1. */
-static int kv_status(const struct sm70t_daemon *t, int *total, int *free_blocks, int *jobs)
-{
-	char cmd[512], *out = NULL;
-	size_t len = 0;
-	json_error_t je;
-	json_t *root;
-	FILE *f;
-	int ok;
-
-	snprintf(cmd, sizeof(cmd), "%s/bin/sm70ctl --socket %s.admin --json status", build_dir(),
-		 t->sock);
-	f = popen(cmd, "r");
-	if (!f)
-		return -1;
-	ok = getline(&out, &len, f) > 0;
-	if (pclose(f) != 0 || !ok) {
-		free(out);
-		return -1;
-	}
-	root = json_loads(out, 0, &je);
-	free(out);
-	if (!root)
-		return -1;
-	*total = (int)json_integer_value(json_object_get(root, "kv_blocks_total"));
-	*free_blocks = (int)json_integer_value(json_object_get(root, "kv_blocks_free"));
-	*jobs = (int)json_integer_value(json_object_get(root, "jobs"));
-	json_decref(root);
-	return 0;
-}
-
 /* Waits up to 3 s for the daemon to report no job and every KV block free. */
 static void expect_all_free(const struct sm70t_daemon *t, const char *after)
 {
 	int total = 0, fr = -1, jobs = -1;
 
 	for (long t0 = sm70t_ms_now(); sm70t_ms_now() - t0 < 3000; usleep(20000)) {
-		assert_int_equal(kv_status(t, &total, &fr, &jobs), 0);
+		assert_int_equal(sm70t_kv_status(t, &jobs, &fr, &total), 0);
 		if (jobs == 0 && fr == total)
 			break;
 	}
@@ -460,7 +417,7 @@ static void test_cancel_and_kill_free_kv(void **state)
 		tokens += ev.type == SM70_EVENT_TOKEN;
 		assert_false(ev.flags & SM70_EVENT_FINAL);
 	}
-	assert_int_equal(kv_status(&small, &total, &free_blocks, &jobs), 0);
+	assert_int_equal(sm70t_kv_status(&small, &jobs, &free_blocks, &total), 0);
 	printf("sm70ctl status with 3 long jobs running: %d jobs, %d of %d KV blocks free\n",
 	       jobs, free_blocks, total);
 	assert_int_equal(jobs, 3);

@@ -42,13 +42,6 @@
 static char tmp[64];
 static const uint32_t prompt[5] = { 11, 22, 33, 44, 55 };
 
-static const char *build_dir(void)
-{
-	const char *b = getenv("SM70_BUILD");
-
-	return b && *b ? b : "build";
-}
-
 /* Copies the fixture's config, generation config and weights into dir. */
 static void copy_fixture(const char *dir)
 {
@@ -116,7 +109,7 @@ static int run_sm70_run(const char *dir, char *err, size_t len)
 
 	snprintf(path, sizeof(path), "%s/run.err", tmp);
 	snprintf(cmd, sizeof(cmd), "%s/bin/sm70-run -m %s --prompt-ids 11,22,33,44,55 -n 8 "
-		 "--threads 1 >/dev/null 2>%s", build_dir(), dir, path);
+		 "--threads 1 >/dev/null 2>%s", sm70t_build_dir(), dir, path);
 	st = system(cmd);
 	f = fopen(path, "r");
 	assert_non_null(f);

@@ -57,22 +57,6 @@ struct report {
 	int other_errors;
 };
 
-/* The daemon's descriptor count once it stopped changing. */
-static int settled_fds(void)
-{
-	int n = sm70t_count_fds(dmn.pid), same = 0;
-
-	for (int i = 0; i < 200 && same < 5; i++) {
-		int m;
-
-		usleep(20000);
-		m = sm70t_count_fds(dmn.pid);
-		same = m == n ? same + 1 : 0;
-		n = m;
-	}
-	return n;
-}
-
 static int start(const char *cfg)
 {
 	int ret = sm70t_daemon_start(&dmn, cfg, NULL);
@@ -281,7 +265,7 @@ static void test_sessions_fair_share(void **state)
 	if (!need_root())
 		skip();
 	assert_int_equal(start(cfg), 0);
-	n0 = settled_fds();
+	n0 = sm70t_settled_fds(dmn.pid);
 	attacker_start(&a, 0);
 	r = attacker_report(&a);
 	printf("attacker uid %d: %d sessions, then refused (%s): \"%s\"\n", ATTACKER_UID,
@@ -311,7 +295,7 @@ static void test_sessions_fair_share(void **state)
 	for (int i = 0; i < n_own; i++)
 		sm70t_raw_close(&own[i]);
 	attacker_stop(&a);
-	n_end = settled_fds();
+	n_end = sm70t_settled_fds(dmn.pid);
 	printf("daemon descriptors: %d before the attack, %d after\n", n0, n_end);
 	assert_int_equal(n_end, n0);
 	/* the attacker's slots came back with its sessions */
@@ -334,7 +318,7 @@ static void test_jobs_per_uid(void **state)
 	if (!need_root())
 		skip();
 	assert_int_equal(start(cfg), 0);
-	n0 = settled_fds();
+	n0 = sm70t_settled_fds(dmn.pid);
 	attacker_start(&a, 1);
 	r = attacker_report(&a);
 	printf("attacker uid %d: 4 jobs on one session, then 4 on another: %d accepted, %d "
@@ -350,7 +334,7 @@ static void test_jobs_per_uid(void **state)
 	printf("victim uid 0: served in %ld ms next to the attacker's 6 running jobs (bound %d "
 	       "ms)\n", ms, VICTIM_BOUND_MS);
 	attacker_stop(&a);
-	n_end = settled_fds();
+	n_end = sm70t_settled_fds(dmn.pid);
 	printf("daemon descriptors: %d before the attack, %d after\n", n0, n_end);
 	assert_int_equal(n_end, n0);
 	assert_int_equal(sm70t_daemon_stop(&dmn, SIGTERM, 5000), 0);
