@@ -6,14 +6,45 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
-int sm70_block_pool_init(struct sm70_block_pool *p, int n_blocks, int caching)
+/* The first byte of every key's message, absorbed with the secret at init: it tells these
+ * keys from any other use of the same hash, and lets the template state hold the key
+ * block already compressed, so a 16-token block costs one compression. */
+#define KEY_TAG 'P'
+
+static int random_secret(uint8_t *out, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r = getrandom(out + got, n - got, 0);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+int sm70_block_pool_init(struct sm70_block_pool *p, int n_blocks, int block_size, int caching)
 {
 	uint32_t tsize = 16;
+	uint8_t secret[32];
+	uint8_t tag = KEY_TAG;
+	int ret;
 
 	memset(p, 0, sizeof(*p));
-	if (n_blocks <= 0)
+	if (n_blocks <= 0 || block_size <= 0)
 		return -EINVAL;
+	ret = random_secret(secret, sizeof(secret));
+	if (ret)
+		return ret;
+	sm70__blake2b_init(&p->hash, sizeof(struct sm70_block_key), secret, sizeof(secret));
+	sm70__blake2b_update(&p->hash, &tag, 1);
+	memset(secret, 0, sizeof(secret));
 	while (tsize < 2u * (uint32_t)n_blocks)
 		tsize <<= 1;
 	p->free_ids = malloc(sizeof(*p->free_ids) * (size_t)n_blocks);
@@ -23,14 +54,22 @@ int sm70_block_pool_init(struct sm70_block_pool *p, int n_blocks, int caching)
 	p->lru_prev = malloc(sizeof(int32_t) * (size_t)n_blocks);
 	p->lru_next = malloc(sizeof(int32_t) * (size_t)n_blocks);
 	p->table = malloc(sizeof(int32_t) * tsize);
+	if (caching) {
+		p->tokens = malloc(sizeof(int32_t) * (size_t)n_blocks * (size_t)block_size);
+		p->domains = calloc((size_t)n_blocks, sizeof(*p->domains));
+		p->serials = calloc((size_t)n_blocks, sizeof(*p->serials));
+		p->parents = calloc((size_t)n_blocks, sizeof(*p->parents));
+	}
 	if (!p->free_ids || !p->refs || !p->published || !p->keys || !p->lru_prev ||
-	    !p->lru_next || !p->table) {
+	    !p->lru_next || !p->table ||
+	    (caching && (!p->tokens || !p->domains || !p->serials || !p->parents))) {
 		sm70_block_pool_fini(p);
 		return -ENOMEM;
 	}
 	p->n_blocks = n_blocks;
 	p->n_free = n_blocks;
 	p->caching = caching;
+	p->block_size = block_size;
 	/* Hand out low ids first: easier to read in dumps, no other reason. */
 	for (int i = 0; i < n_blocks; i++)
 		p->free_ids[i] = n_blocks - 1 - i;
@@ -49,6 +88,10 @@ void sm70_block_pool_fini(struct sm70_block_pool *p)
 	free(p->lru_prev);
 	free(p->lru_next);
 	free(p->table);
+	free(p->tokens);
+	free(p->domains);
+	free(p->serials);
+	free(p->parents);
 	memset(p, 0, sizeof(*p));
 }
 
@@ -64,10 +107,9 @@ static int key_eq(struct sm70_block_key x, struct sm70_block_key y)
 	return x.a == y.a && x.b == y.b;
 }
 
-int32_t sm70_block_pool_lookup(const struct sm70_block_pool *p, struct sm70_block_key key)
+/* The block the table holds under key, or -1 (at most one: publish keeps keys unique). */
+static int32_t table_find(const struct sm70_block_pool *p, struct sm70_block_key key)
 {
-	if (!p->caching)
-		return -1;
 	for (uint32_t i = slot_of(p, key);; i = (i + 1) & p->table_mask) {
 		int32_t id = p->table[i];
 		if (id < 0)
@@ -75,6 +117,40 @@ int32_t sm70_block_pool_lookup(const struct sm70_block_pool *p, struct sm70_bloc
 		if (key_eq(p->keys[id], key))
 			return id;
 	}
+}
+
+static const int32_t *tokens_of(const struct sm70_block_pool *p, int32_t id)
+{
+	return p->tokens + (size_t)id * (size_t)p->block_size;
+}
+
+/* Whether published block id holds tokens in domain: what a key alone cannot promise. */
+static int same_contents(const struct sm70_block_pool *p, int32_t id, uint64_t domain,
+			 const int32_t *tokens)
+{
+	return p->domains[id] == domain &&
+	       memcmp(tokens_of(p, id), tokens, sizeof(int32_t) * (size_t)p->block_size) == 0;
+}
+
+int32_t sm70_block_pool_lookup(struct sm70_block_pool *p, struct sm70_block_key key,
+			       uint64_t domain, uint64_t parent, const int32_t *tokens,
+			       uint64_t *serial)
+{
+	int32_t id;
+
+	*serial = SM70_BLOCK_NO_SERIAL;
+	if (!p->caching || parent == SM70_BLOCK_NO_SERIAL || (id = table_find(p, key)) < 0)
+		return -1;
+	if (!same_contents(p, id, domain, tokens)) {
+		p->key_mismatches++;
+		return -1;
+	}
+	/* Same tokens after another publication: computed after another prefix (or after
+	 * this one's evicted parent), so its KV is not this prefix's. */
+	if (p->parents[id] != parent)
+		return -1;
+	*serial = p->serials[id];
+	return id;
 }
 
 static void table_remove(struct sm70_block_pool *p, int32_t id)
@@ -96,18 +172,43 @@ static void table_remove(struct sm70_block_pool *p, int32_t id)
 	p->published[id] = 0;
 }
 
-void sm70_block_pool_publish(struct sm70_block_pool *p, int32_t id, struct sm70_block_key key)
+static void lru_unlink(struct sm70_block_pool *p, int32_t id);
+
+uint64_t sm70_block_pool_publish(struct sm70_block_pool *p, int32_t id, struct sm70_block_key key,
+				 uint64_t domain, uint64_t parent, const int32_t *tokens)
 {
 	uint32_t i;
+	int32_t holder;
 
 	assert(id >= 0 && id < p->n_blocks && p->refs[id] > 0);
-	if (!p->caching || p->published[id] || sm70_block_pool_lookup(p, key) >= 0)
-		return;
+	if (!p->caching || parent == SM70_BLOCK_NO_SERIAL)
+		return SM70_BLOCK_NO_SERIAL;
+	if (p->published[id])
+		return key_eq(p->keys[id], key) && p->parents[id] == parent &&
+		       same_contents(p, id, domain, tokens) ? p->serials[id] : SM70_BLOCK_NO_SERIAL;
+	holder = table_find(p, key);
+	if (holder >= 0) {
+		if (p->parents[holder] == parent && same_contents(p, holder, domain, tokens))
+			return p->serials[holder];
+		/* Stale or colliding: this prefix takes the key. A parked holder is no one's
+		 * and nobody can find it any more: free it. */
+		table_remove(p, holder);
+		if (p->refs[holder] == 0) {
+			lru_unlink(p, holder);
+			p->free_ids[p->n_free++] = holder;
+		}
+	}
 	for (i = slot_of(p, key); p->table[i] >= 0; i = (i + 1) & p->table_mask)
 		;
 	p->table[i] = id;
 	p->keys[id] = key;
+	memcpy(p->tokens + (size_t)id * (size_t)p->block_size, tokens,
+	       sizeof(int32_t) * (size_t)p->block_size);
+	p->domains[id] = domain;
+	p->parents[id] = parent;
+	p->serials[id] = ++p->next_serial;
 	p->published[id] = 1;
+	return p->serials[id];
 }
 
 /* ---- LRU of parked blocks ---------------------------------------------------------------- */
@@ -178,26 +279,48 @@ void sm70_block_pool_unref(struct sm70_block_pool *p, int32_t id)
 		p->free_ids[p->n_free++] = id;
 }
 
-static uint64_t mix64(uint64_t z)
+static void put64(uint8_t *b, uint64_t v)
 {
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	for (int i = 0; i < 8; i++)
+		b[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* Two independent 64-bit chains: a collision would hand a sequence another prompt's KV,
- * so the key is 128 bits. */
-struct sm70_block_key sm70_block_key_next(struct sm70_block_key prev, const int32_t *tokens,
+static uint64_t get64(const uint8_t *b)
+{
+	uint64_t v = 0;
+
+	for (int i = 7; i >= 0; i--)
+		v = (v << 8) | b[i];
+	return v;
+}
+
+/* BLAKE2b-128 keyed with the pool's secret over tag || domain || prev || n || tokens, all
+ * little-endian: 93 bytes for 16 tokens, one compression after the template's key block. */
+struct sm70_block_key sm70_block_key_next(const struct sm70_block_pool *p, uint64_t domain,
+					  struct sm70_block_key prev, const int32_t *tokens,
 					  int n)
 {
-	uint64_t a = prev.a ^ 0x243f6a8885a308d3ull, b = prev.b ^ 0x13198a2e03707344ull;
+	struct sm70_blake2b s = p->hash;
+	uint8_t head[28], chunk[128], out[16];
+	int i = 0;
 
-	for (int i = 0; i < n; i++) {
-		uint64_t t = (uint32_t)tokens[i];
-		a = mix64(a + t + 0x9e3779b97f4a7c15ull);
-		b = mix64((b ^ (t * 0xd6e8feb86659fd93ull)) + 0xa0761d6478bd642full);
+	put64(head, domain);
+	put64(head + 8, prev.a);
+	put64(head + 16, prev.b);
+	put64(chunk, (uint64_t)(uint32_t)n);
+	memcpy(head + 24, chunk, 4);
+	sm70__blake2b_update(&s, head, sizeof(head));
+	while (i < n) {
+		int k = 0;
+		for (; k < 32 && i < n; k++, i++) {
+			uint32_t t = (uint32_t)tokens[i];
+			chunk[4 * k] = (uint8_t)t;
+			chunk[4 * k + 1] = (uint8_t)(t >> 8);
+			chunk[4 * k + 2] = (uint8_t)(t >> 16);
+			chunk[4 * k + 3] = (uint8_t)(t >> 24);
+		}
+		sm70__blake2b_update(&s, chunk, (size_t)k * 4);
 	}
-	a = mix64(a ^ (uint64_t)n);
-	b = mix64(b + (uint64_t)n);
-	return (struct sm70_block_key){ a, b };
+	sm70__blake2b_final(&s, out);
+	return (struct sm70_block_key){ get64(out), get64(out + 8) };
 }

@@ -41,6 +41,8 @@ struct seq {
 	int cached_tokens;            /* prompt tokens found in the prefix cache */
 	int n_keyed;                  /* leading full blocks whose prefix key is known */
 	struct sm70_block_key key;    /* key of the prefix of those blocks */
+	uint64_t serial;              /* the publication holding the last of them (0: none
+				       * yet; SM70_BLOCK_NO_SERIAL: this chain is unpublished) */
 	struct seq *next; /* waiting queue link */
 };
 
@@ -121,6 +123,7 @@ static void seq_free_blocks(struct sm70_engine *e, struct seq *s)
 	s->n_cached = 0;
 	s->n_keyed = 0;
 	s->key = (struct sm70_block_key){ 0, 0 };
+	s->serial = 0;
 }
 
 static void seq_destroy(struct sm70_engine *e, struct seq *s)
@@ -354,7 +357,7 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 	e->stats.prefix_cache_off = opts->no_prefix_cache ? "turned off by configuration" :
 				    !(e->model->entry->caps & SM70_CAP_PREFIX_CACHE) ?
 				    e->model->entry->no_prefix_cache : NULL;
-	ret = sm70_block_pool_init(&e->pool, e->model->kv_lay.n_blocks,
+	ret = sm70_block_pool_init(&e->pool, e->model->kv_lay.n_blocks, e->bs,
 				   !e->stats.prefix_cache_off);
 	if (ret)
 		goto fail;
@@ -671,6 +674,7 @@ void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats
 	s->state_bytes = sm70_model_state_bytes(e->model);
 	s->kv_bytes = (uint64_t)sm70_model_kv_block_bytes(e->model) * (uint64_t)e->pool.n_blocks;
 	s->prefix_evictions = e->pool.evictions;
+	s->prefix_key_mismatches = e->pool.key_mismatches;
 	s->weight_bytes = sm70_model_weight_bytes(e->model);
 	s->expert_bytes = sm70_model_expert_bytes(e->model);
 	s->tp = e->model->tp;
@@ -795,28 +799,38 @@ static int reap_cancelled(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 	return n;
 }
 
-/* Finds the longest cached prefix of s: fills e->hit_ids and returns the count. Only
+/* Finds the longest cached prefix of s in its domain: fills e->hit_ids and returns the
+ * count, with the key and publication serial of the last hit. Each hit's tokens are
+ * compared with s's (in the pool's lookup), so a key never stands in for the prompt. Only
  * blocks that end before the last token count: that token must be computed to get the
  * logits of the next one. */
 static int find_prefix(struct sm70_engine *e, const struct seq *s, struct sm70_block_key *key,
-		       int *parked)
+		       uint64_t *serial, int *parked)
 {
 	struct sm70_block_key k = { 0, 0 };
+	uint64_t ser = 0;
 	int n = 0;
 
 	*parked = 0;
-	if (!e->pool.caching)
-		return 0;
-	while ((n + 1) * e->bs <= s->n_toks - 1 && n < s->cap_blocks) {
-		struct sm70_block_key next = sm70_block_key_next(k, s->toks + n * e->bs, e->bs);
-		int32_t id = sm70_block_pool_lookup(&e->pool, next);
-		if (id < 0)
-			break;
-		*parked += e->pool.refs[id] == 0;
-		e->hit_ids[n++] = id;
-		k = next;
+	if (e->pool.caching) {
+		while ((n + 1) * e->bs <= s->n_toks - 1 && n < s->cap_blocks) {
+			const int32_t *t = s->toks + n * e->bs;
+			struct sm70_block_key next = sm70_block_key_next(&e->pool,
+									 s->req.cache_domain, k,
+									 t, e->bs);
+			uint64_t next_ser;
+			int32_t id = sm70_block_pool_lookup(&e->pool, next, s->req.cache_domain,
+							    ser, t, &next_ser);
+			if (id < 0)
+				break;
+			*parked += e->pool.refs[id] == 0;
+			e->hit_ids[n++] = id;
+			k = next;
+			ser = next_ser;
+		}
 	}
 	*key = k;
+	*serial = ser;
 	return n;
 }
 
@@ -832,6 +846,7 @@ static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		struct seq *s = e->wait_head;
 		int need = blocks_for(e, s->n_toks), hits, parked;
 		struct sm70_block_key key;
+		uint64_t serial;
 
 		if (need > e->pool.n_blocks || need > s->cap_blocks) {
 			/* Only a preempted request that outgrew the whole cache gets here (one
@@ -842,7 +857,7 @@ static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 			n_ev++;
 			continue;
 		}
-		hits = find_prefix(e, s, &key, &parked);
+		hits = find_prefix(e, s, &key, &serial, &parked);
 		/* Parked hits stop being available once taken. */
 		if (need - hits > sm70_block_pool_available(&e->pool) - parked)
 			break;
@@ -856,6 +871,7 @@ static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		s->n_cached = s->n_keyed = hits;
 		s->n_cached *= e->bs;
 		s->key = key;
+		s->serial = serial;
 		if (s->n_gen == 0) /* first admission, not a recompute after preemption */
 			s->cached_tokens = s->n_cached < s->n_prompt ? s->n_cached : s->n_prompt;
 		e->stats.prefix_hit_tokens += (uint64_t)s->n_cached;
@@ -878,8 +894,12 @@ static void publish_full_blocks(struct sm70_engine *e, struct seq *s)
 	if (!e->pool.caching || s->no_publish)
 		return;
 	while ((s->n_keyed + 1) * e->bs <= s->n_cached) {
-		s->key = sm70_block_key_next(s->key, s->toks + s->n_keyed * e->bs, e->bs);
-		sm70_block_pool_publish(&e->pool, s->blocks[s->n_keyed], s->key);
+		const int32_t *t = s->toks + s->n_keyed * e->bs;
+
+		s->key = sm70_block_key_next(&e->pool, s->req.cache_domain, s->key, t, e->bs);
+		/* the next block's parent: this block's publication, or an equal one's */
+		s->serial = sm70_block_pool_publish(&e->pool, s->blocks[s->n_keyed], s->key,
+						    s->req.cache_domain, s->serial, t);
 		s->n_keyed++;
 	}
 }

@@ -10,9 +10,12 @@
  * is counter-based, so it continues exactly where it stopped). No request is dropped.
  *
  * Prefix caching (on unless no_prefix_cache, or the architecture keeps state a cached
- * prefix cannot restore): full KV blocks are published under the hash of the whole
- * prefix they complete; an admitted request takes the blocks of its longest cached
- * prefix and computes only the rest (see block_pool.h).
+ * prefix cannot restore): full KV blocks are published under a keyed hash of the whole
+ * prefix they complete and the request's cache_domain; an admitted request takes the
+ * blocks of its longest cached prefix in its own domain, each compared token for token,
+ * and computes only the rest (see block_pool.h). Requests in different domains never
+ * share a block, so neither a hit (cached_tokens) nor its speed tells one domain what
+ * another asked.
  *
  * Models with recurrent layers (Gated DeltaNet) also give each running sequence a state
  * slot: admission needs a free slot as well as KV blocks, and preemption or finishing
@@ -94,6 +97,10 @@ struct sm70_request {
 	 * already in the KV cache, whatever the cache holds, so decode at a long context can
 	 * be timed without paying for its prefill. */
 	int bench_skip_prefill;
+	/* The prefix-cache isolation domain: only requests with the same value share cached
+	 * blocks. Opaque to the engine; the daemon sets it from the client's uid or gid
+	 * (engine.prefix_cache_scope), sm70-run and tests leave 0. */
+	uint64_t cache_domain;
 };
 
 struct sm70_event {
@@ -126,6 +133,8 @@ struct sm70_engine_stats {
 	uint64_t computed_tokens; /* tokens run through the model */
 	uint64_t prefix_hit_tokens; /* tokens whose KV the prefix cache supplied */
 	uint64_t prefix_evictions;
+	uint64_t prefix_key_mismatches; /* keys found whose block held other tokens (a hash
+					 * collision: expected never; each was a miss) */
 	uint64_t weight_bytes;    /* bytes of weights one decode step reads, experts aside */
 	uint64_t expert_bytes;    /* bytes of the MoE experts the last step read (their routing) */
 	uint64_t clamped_weights; /* weights clamped to the f16 range when loaded */

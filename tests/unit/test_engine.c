@@ -5,7 +5,8 @@
  * memory, bad requests are refused with a message, and dummy weights are deterministic.
  * Preemption and the prefix cache run on a hybrid (DeltaNet) model too: its state slots
  * come back, recompute after preemption is exact, and prefix caching is off for it. A
- * parked request (the daemon's fair admission) resumes with the same tokens.
+ * parked request (the daemon's fair admission) resumes with the same tokens. The prefix
+ * cache is isolated by domain: one domain's prompt is a hit for it and not for another.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -31,6 +32,7 @@ struct out {
 	int32_t tok[MAXR][MAXT];
 	enum sm70_finish finish[MAXR];
 	int completion[MAXR];
+	int cached[MAXR];
 };
 
 static void on_event(void *ctx, const struct sm70_event *ev)
@@ -46,6 +48,7 @@ static void on_event(void *ctx, const struct sm70_event *ev)
 			assert_int_equal(o->finish[i], SM70_FINISH_NONE); /* exactly one final */
 			o->finish[i] = ev->finish;
 			o->completion[i] = ev->completion_tokens;
+			o->cached[i] = ev->cached_tokens;
 		}
 		return;
 	}
@@ -388,6 +391,60 @@ static void test_prefix_cache_hybrid(void **state)
 	prefix_cache(HYBRID);
 }
 
+/* Domains: A's prompt, then B's same prompt (another domain), then A's again, then B's
+ * again: B's first is a miss (nothing computed less, cached_tokens 0), the repeats hit
+ * their own domain's blocks; in one domain (the shared scope) B's first is a hit. Every
+ * run gives the tokens of a cold run with the cache off. */
+static void test_prefix_cache_domains(void **state)
+{
+	struct sm70_engine_opts eo;
+	struct sm70_request r = { .prompt = prompt_b, .n_prompt = 90, .max_new_tokens = 10,
+				  .ignore_eos = 1, .sampling = { .top_p = 1.0f } };
+	const uint64_t doms[2][4] = { { 1, 2, 1, 2 }, { 7, 7, 7, 7 } };
+	const int want[2][4] = { { 0, 0, 80, 80 }, { 0, 80, 80, 80 } };
+	struct out cold = { 0 };
+	struct sm70_engine *e;
+
+	make_prompts();
+	sm70_engine_opts_default(&eo);
+	eo.block_size = 16;
+	eo.no_prefix_cache = 1;
+	e = open_engine(&eo);
+	submit(e, &cold, &r);
+	drain(e, &cold);
+	sm70_engine_close(e);
+	eo.no_prefix_cache = 0;
+	for (int shared = 0; shared < 2; shared++) {
+		struct out o = { 0 };
+		struct sm70_engine_stats st0, st1;
+
+		e = open_engine(&eo);
+		for (int i = 0; i < 4; i++) {
+			r.cache_domain = doms[shared][i];
+			sm70_engine_get_stats(e, &st0);
+			submit(e, &o, &r);
+			drain(e, &o);
+			sm70_engine_get_stats(e, &st1);
+			printf("%s: run %d in domain %llu: cached_tokens %d, computed %llu, "
+			       "hit tokens %llu\n", shared ? "shared" : "isolated", i,
+			       (unsigned long long)doms[shared][i], o.cached[i],
+			       (unsigned long long)(st1.computed_tokens - st0.computed_tokens),
+			       (unsigned long long)(st1.prefix_hit_tokens - st0.prefix_hit_tokens));
+			assert_int_equal(o.cached[i], want[shared][i]);
+			assert_int_equal(st1.prefix_hit_tokens - st0.prefix_hit_tokens,
+					 want[shared][i]);
+			assert_int_equal(st1.computed_tokens - st0.computed_tokens,
+					 cold.n[0] - 1 + 90 - want[shared][i]);
+			assert_int_equal(o.n[i], cold.n[0]);
+			assert_memory_equal(o.tok[i], cold.tok[0], sizeof(int32_t) * 10);
+		}
+		assert_int_equal(st1.prefix_key_mismatches, 0);
+		sm70_engine_close(e);
+	}
+	printf("domains: A's prompt hits for A and not for B; one domain shares; tokens equal "
+	       "the cold run's\n");
+}
+
 /* A request that outgrows the whole KV cache ends with NO_MEMORY once the cache is full,
  * having produced every token that fit; the engine is left idle with all blocks free. */
 static void test_outgrows_cache(void **state)
@@ -493,6 +550,7 @@ int main(void)
 		cmocka_unit_test(test_bad_requests),
 		cmocka_unit_test(test_dummy_deterministic),
 		cmocka_unit_test(test_prefix_cache),
+		cmocka_unit_test(test_prefix_cache_domains),
 		cmocka_unit_test(test_outgrows_cache),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
