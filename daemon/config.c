@@ -68,6 +68,7 @@ static const char *const backends[] = { "cpu", "cuda", "null", NULL };
 static const char *const load_formats[] = { "auto", "dummy", NULL };
 static const char *const kv_dtypes[] = { "auto", "f32", "f16", "fp8", NULL };
 static const char *const fast_ref[] = { "fast", "reference", NULL };
+static const char *const cache_scopes[] = { "user", "group", "shared", NULL };
 
 static const struct key limits_keys[] = {
 	NUM("max_jobs_in_flight", K_U32, limits.max_jobs_in_flight, 1, 65536),
@@ -106,6 +107,7 @@ static const struct key engine_keys[] = {
 	NUM("kv_memory_fraction", K_FRAC, engine.kv_memory_fraction, 0, 1),
 	CHOICE("kv_dtype", engine.kv_dtype, kv_dtypes),
 	NUM("prefix_cache", K_BOOL, engine.prefix_cache, 0, 1),
+	CHOICE("prefix_cache_scope", engine.prefix_cache_scope, cache_scopes),
 	NUM("n_threads", K_U32, engine.n_threads, 0, 1024),
 	NUM("feed_depth", K_U32, engine.feed_depth, 1, 1024),
 	NUM("state_slots", K_U32, engine.state_slots, 0, 1024),
@@ -202,6 +204,7 @@ void sm70__config_default(struct sm70__config *c)
 	c->engine.kv_memory_fraction = 0;
 	strcpy(c->engine.kv_dtype, "auto");
 	c->engine.prefix_cache = 1;
+	strcpy(c->engine.prefix_cache_scope, "user");
 	c->engine.n_threads = 0;
 	c->engine.feed_depth = 2;
 	c->rings.sq_entries = 64;

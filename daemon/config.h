@@ -107,6 +107,10 @@ struct sm70__config {
 		double kv_memory_fraction;
 		char kv_dtype[SM70__CFG_WORD]; /* "auto" (the backend's), "f32", "f16", "fp8" */
 		uint32_t prefix_cache;	       /* 1 (default) or 0 */
+		/* who shares cached prefixes: "user" (default: each uid its own), "group"
+		 * (the primary gid), "shared" (everyone; a hit tells one client what another
+		 * asked) */
+		char prefix_cache_scope[SM70__CFG_WORD];
 		uint32_t n_threads; /* CPU backend workers, 0: all cores */
 		uint32_t feed_depth; /* jobs kept waiting inside the engine beyond max_seqs */
 		uint32_t state_slots; /* recurrent-state slots (hybrid models); 0: max_seqs */

@@ -389,6 +389,19 @@ static struct sm70__session *pick(struct sm70__daemon *d)
 	return best;
 }
 
+/* The prefix-cache domain of s's jobs (engine.prefix_cache_scope): its uid, its primary
+ * gid, or 0 for everyone. The scope sits above the id so that no uid's domain is a gid's. */
+static uint64_t cache_domain(const struct sm70__daemon *d, const struct sm70__session *s)
+{
+	const char *scope = d->cfg.engine.prefix_cache_scope;
+
+	if (strcmp(scope, "shared") == 0)
+		return 0;
+	if (strcmp(scope, "group") == 0)
+		return (2ull << 32) | (uint32_t)s->gid;
+	return (1ull << 32) | (uint32_t)s->uid; /* "user", the default */
+}
+
 static int feed_one(struct sm70__daemon *d, struct sm70__session *s, int front)
 {
 	struct sm70__job *j = s->queue;
@@ -411,6 +424,7 @@ static int feed_one(struct sm70__daemon *d, struct sm70__session *s, int front)
 	r.ignore_eos = !!(j->flags & SM70_PROTO_SQF_IGNORE_EOS);
 	r.tag = (uint64_t)(uintptr_t)j;
 	r.front = front;
+	r.cache_domain = cache_domain(d, s);
 	sm70_err_clear(&err);
 
 	d->rr_last = s->id;
