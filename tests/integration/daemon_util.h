@@ -17,7 +17,8 @@
  * sm70t_daemon_start_hook runs a function in the child before exec (an rlimit, an
  * environment variable); sm70t_count_fds and sm70t_settled_fds count a process's open
  * descriptors, sm70t_status_kb reads its memory; sm70t_ctl_status and sm70t_kv_status
- * read `sm70ctl --json status`; sm70t_daemon_finish is a group teardown.
+ * read `sm70ctl --json status`; sm70t_daemon_finish is a group teardown; sm70t_child_start
+ * and sm70t_child_stop run a client in a child process (a victim) until told to stop.
  *
  * Non-goals: systemd socket activation, GPU backends, several daemons sharing a dir.
  */
@@ -28,6 +29,7 @@
 #include <jansson.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -376,6 +378,71 @@ static inline int sm70t_daemon_finish(struct sm70t_daemon *t, int timeout_ms)
 		sm70t_daemon_dump_log(t);
 	sm70t_daemon_cleanup(t);
 	return st == 0 ? 0 : -1;
+}
+
+/* A child process told to stop by closing stop_w, answering on res_r. */
+struct sm70t_child {
+	pid_t pid;
+	int stop_w, res_r;
+};
+
+/* Runs in the child: work until stop_r is readable (or at EOF), write a report to res_w,
+ * _exit. It must write one byte to res_w first, once it is under way. */
+typedef void (*sm70t_child_body)(int stop_r, int res_w);
+
+/* Forks a child running body, then waits up to ready_ms (-1: forever) for its first byte,
+ * stored in *ready. Returns 0, -ETIMEDOUT or -errno; on an error the child may still run. */
+static inline int sm70t_child_start(struct sm70t_child *ch, sm70t_child_body body,
+				    int ready_ms, char *ready)
+{
+	int stop[2], res[2];
+	struct pollfd p;
+
+	ch->pid = -1;
+	ch->stop_w = ch->res_r = -1;
+	if (pipe(stop))
+		return -errno;
+	if (pipe(res))
+		return -errno;
+	fflush(NULL);
+	ch->pid = fork();
+	if (ch->pid < 0)
+		return -errno;
+	if (ch->pid == 0) {
+		close(stop[1]);
+		close(res[0]);
+		body(stop[0], res[1]);
+		_exit(127);
+	}
+	close(stop[0]);
+	close(res[1]);
+	ch->stop_w = stop[1];
+	ch->res_r = res[0];
+	p = (struct pollfd){ .fd = ch->res_r, .events = POLLIN };
+	if (poll(&p, 1, ready_ms) != 1)
+		return -ETIMEDOUT;
+	return read(ch->res_r, ready, 1) == 1 ? 0 : -EPIPE;
+}
+
+/* Tells the child to stop and reads its len-byte report into rep within timeout_ms (-1:
+ * forever); a child that does not answer is SIGKILLed. Reaps it (wait status in *status,
+ * may be NULL). Returns 0, -ETIMEDOUT (no full report: killed) or -ECHILD. */
+static inline int sm70t_child_stop(struct sm70t_child *ch, void *rep, size_t len,
+				   int timeout_ms, int *status)
+{
+	struct pollfd p = { .fd = ch->res_r, .events = POLLIN };
+	int st, ok;
+
+	close(ch->stop_w);
+	ok = poll(&p, 1, timeout_ms) == 1 && read(ch->res_r, rep, len) == (ssize_t)len;
+	if (!ok)
+		kill(ch->pid, SIGKILL);
+	close(ch->res_r);
+	if (waitpid(ch->pid, &st, 0) != ch->pid)
+		return -ECHILD;
+	if (status)
+		*status = st;
+	return ok ? 0 : -ETIMEDOUT;
 }
 
 #endif

@@ -337,13 +337,8 @@ static void expect_ref_job(struct rc *c, uint64_t tag)
  * While a hostile client does its worst, a forked child runs the reference job through
  * libsm70client again and again until the parent closes its stop pipe, then reports how
  * many runs matched reference.json and how many did not. (A child, not a thread, and no
- * cmocka calls in it: it only reports.)
+ * cmocka calls in it: it only reports.) An sm70t_child: its report is the two counters.
  */
-struct bystander {
-	pid_t pid;
-	int stop_w; /* parent closes it to stop the child */
-	int res_r;  /* the child's two counters */
-};
 
 static int bystander_cb(void *ctx, const struct sm70_event *ev)
 {
@@ -390,40 +385,22 @@ static void bystander_body(int stop_r, int res_w)
 	_exit(counts[1] ? 1 : 0);
 }
 
-static void bystander_start(struct bystander *b)
+static void bystander_start(struct sm70t_child *b)
 {
-	int stop[2], res[2];
 	char ready = 0;
 
-	assert_int_equal(pipe(stop), 0);
-	assert_int_equal(pipe(res), 0);
-	fflush(NULL);
-	b->pid = fork();
-	assert_true(b->pid >= 0);
-	if (b->pid == 0) {
-		close(stop[1]);
-		close(res[0]);
-		bystander_body(stop[0], res[1]);
-	}
-	close(stop[0]);
-	close(res[1]);
-	b->stop_w = stop[1];
-	b->res_r = res[0];
 	/* start the hostile part only once the bystander is streaming */
-	assert_int_equal(read(b->res_r, &ready, 1), 1);
+	assert_int_equal(sm70t_child_start(b, bystander_body, -1, &ready), 0);
 	assert_int_equal(ready, 'r');
 }
 
 /* Stops the bystander; fails the test unless every run equalled the reference. Returns the
  * number of runs. */
-static int bystander_stop(struct bystander *b)
+static int bystander_stop(struct sm70t_child *b)
 {
 	int counts[2] = { 0, -1 }, status;
 
-	close(b->stop_w);
-	assert_int_equal(read(b->res_r, counts, sizeof(counts)), sizeof(counts));
-	close(b->res_r);
-	assert_int_equal(waitpid(b->pid, &status, 0), b->pid);
+	assert_int_equal(sm70t_child_stop(b, counts, sizeof(counts), -1, &status), 0);
 	assert_int_equal(counts[1], 0);
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 	assert_true(counts[0] >= 1);
@@ -739,7 +716,7 @@ static void test_flood_submissions(void **state)
 	struct sm70_proto_refusal ref;
 	struct sm70_proto_sqe e;
 	struct sm70_proto_eqe ev;
-	struct bystander b;
+	struct sm70t_child b;
 	uint8_t *finals = calloc(N, 1);
 	uint32_t *toks = calloc(N, sizeof(*toks));
 	int sent = 0, n_final = 0, busy = 0, finished = 0, runs;
@@ -825,7 +802,7 @@ static void test_hangup_mid_handshake(void **state)
 	struct sm70_proto_refusal rf;
 	struct sm70_proto_refusal ref;
 	struct pollfd p;
-	struct bystander b;
+	struct sm70t_child b;
 	struct rc ok;
 	int fd, runs;
 	ssize_t n;

@@ -55,11 +55,6 @@ struct victim_report {
 	long max_ms;
 };
 
-struct victim {
-	pid_t pid;
-	int stop_w, res_r;
-};
-
 static void victim_body(int stop_r, int res_w)
 {
 	struct victim_report rep = { 0, 0, 0 };
@@ -95,45 +90,20 @@ static void victim_body(int stop_r, int res_w)
 	_exit(0);
 }
 
-static void victim_start(struct victim *v)
+static void victim_start(struct sm70t_child *v)
 {
-	int stop[2], res[2];
-	struct pollfd p;
 	char ready = 0;
 
-	assert_int_equal(pipe(stop), 0);
-	assert_int_equal(pipe(res), 0);
-	fflush(NULL);
-	v->pid = fork();
-	assert_true(v->pid >= 0);
-	if (v->pid == 0) {
-		close(stop[1]);
-		close(res[0]);
-		victim_body(stop[0], res[1]);
-	}
-	close(stop[0]);
-	close(res[1]);
-	v->stop_w = stop[1];
-	v->res_r = res[0];
-	p = (struct pollfd){ .fd = v->res_r, .events = POLLIN };
-	assert_int_equal(poll(&p, 1, 10000), 1);
-	assert_int_equal(read(v->res_r, &ready, 1), 1);
+	assert_int_equal(sm70t_child_start(v, victim_body, 10000, &ready), 0);
 }
 
-static struct victim_report victim_stop(struct victim *v)
+static struct victim_report victim_stop(struct sm70t_child *v)
 {
 	struct victim_report rep = { 0, -1, -1 };
-	struct pollfd p = { .fd = v->res_r, .events = POLLIN };
-	int st, ok;
+	int ret = sm70t_child_stop(v, &rep, sizeof(rep), VICTIM_BOUND_MS + 3000, NULL);
 
-	close(v->stop_w);
-	ok = poll(&p, 1, VICTIM_BOUND_MS + 3000) == 1 &&
-	     read(v->res_r, &rep, sizeof(rep)) == (ssize_t)sizeof(rep);
-	if (!ok)
-		kill(v->pid, SIGKILL);
-	close(v->res_r);
-	assert_int_equal(waitpid(v->pid, &st, 0), v->pid);
-	if (!ok)
+	assert_int_not_equal(ret, -ECHILD);
+	if (ret)
 		fail_msg("the victim did not finish a job within %d ms", VICTIM_BOUND_MS + 3000);
 	return rep;
 }
@@ -164,7 +134,7 @@ static void test_never_reading_sessions(void **state)
 	static uint32_t written[N_FLOOD];
 	struct sm70t_raw jobs;
 	struct sm70_proto_eqe ev;
-	struct victim v;
+	struct sm70t_child v;
 	struct victim_report rep;
 	uint32_t heads[N_FLOOD];
 	long anon0, anon1, shm1, t_quiet, t0;

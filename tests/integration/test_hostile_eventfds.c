@@ -48,11 +48,6 @@ struct victim_report {
 	long max_ms;
 };
 
-struct victim {
-	pid_t pid;
-	int stop_w, res_r;
-};
-
 static void victim_body(int stop_r, int res_w)
 {
 	struct victim_report rep = { 0, 0, 0 };
@@ -88,48 +83,23 @@ static void victim_body(int stop_r, int res_w)
 	_exit(0);
 }
 
-static void victim_start(struct victim *v)
+static void victim_start(struct sm70t_child *v)
 {
-	int stop[2], res[2];
-	struct pollfd p;
 	char ready = 0;
 
-	assert_int_equal(pipe(stop), 0);
-	assert_int_equal(pipe(res), 0);
-	fflush(NULL);
-	v->pid = fork();
-	assert_true(v->pid >= 0);
-	if (v->pid == 0) {
-		close(stop[1]);
-		close(res[0]);
-		victim_body(stop[0], res[1]);
-	}
-	close(stop[0]);
-	close(res[1]);
-	v->stop_w = stop[1];
-	v->res_r = res[0];
-	p = (struct pollfd){ .fd = v->res_r, .events = POLLIN };
-	assert_int_equal(poll(&p, 1, 10000), 1);
-	assert_int_equal(read(v->res_r, &ready, 1), 1);
+	assert_int_equal(sm70t_child_start(v, victim_body, 10000, &ready), 0);
 	assert_int_equal(ready, 'r');
 }
 
 /* Stops the victim and returns its report; a victim stuck in a job (a blocked daemon) does
  * not answer within the bound and is killed, which fails the test. */
-static struct victim_report victim_stop(struct victim *v)
+static struct victim_report victim_stop(struct sm70t_child *v)
 {
 	struct victim_report rep = { 0, -1, -1 };
-	struct pollfd p = { .fd = v->res_r, .events = POLLIN };
-	int status, ok;
+	int ret = sm70t_child_stop(v, &rep, sizeof(rep), VICTIM_BOUND_MS + 2000, NULL);
 
-	close(v->stop_w);
-	ok = poll(&p, 1, VICTIM_BOUND_MS + 2000) == 1 &&
-	     read(v->res_r, &rep, sizeof(rep)) == (ssize_t)sizeof(rep);
-	if (!ok)
-		kill(v->pid, SIGKILL);
-	close(v->res_r);
-	assert_int_equal(waitpid(v->pid, &status, 0), v->pid);
-	if (!ok) {
+	assert_int_not_equal(ret, -ECHILD);
+	if (ret) {
 		sm70t_daemon_dump_log(&dmn);
 		fail_msg("the victim client did not finish its job within %d ms: the daemon is "
 			 "stuck", VICTIM_BOUND_MS + 2000);
@@ -247,7 +217,7 @@ static int teardown(void **state)
 /* The victim runs through an attack and 300 ms past it; returns the attack's numbers. */
 static void attack_with_victim(struct sm70t_raw *h, struct attack_stats *st, const char *what)
 {
-	struct victim v;
+	struct sm70t_child v;
 	struct victim_report rep;
 
 	victim_start(&v);
