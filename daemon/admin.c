@@ -30,9 +30,12 @@ struct sm70__admin_conn {
 	struct sm70__watch *watch;
 	uid_t uid;
 	pid_t pid;
-	int control; /* in admin_control_uids/gids: may drain */
+	int control;	     /* in admin_control_uids/gids: may drain */
+	uint64_t last_us;    /* accepted, or its last request: admin_idle_ms runs from here */
 	struct sm70__admin_conn *next;
 };
+
+#define ACCEPT_RETRY_MS 100 /* out of descriptors: try the backlog again this often */
 
 /* ---- the socket ----------------------------------------------------------------------- */
 
@@ -58,6 +61,22 @@ static void send_error_once(int fd, const char *code, const char *why)
 	json_decref(r);
 }
 
+/*
+ * Closes fd so that the peer still reads what was sent to it. An AF_UNIX socket closed with
+ * requests unread makes the peer's next recv fail with ECONNRESET ahead of the reply queued
+ * for it; after shutdown nothing more can be queued, so draining first leaves the peer its
+ * reply, then end of file (session.c's close_unread does the same at the client socket).
+ */
+static void close_readable(int fd)
+{
+	char c;
+
+	shutdown(fd, SHUT_RDWR);
+	while (recv(fd, &c, sizeof(c), MSG_DONTWAIT) > 0)
+		;
+	close(fd);
+}
+
 static void conn_close(struct sm70__daemon *d, struct sm70__admin_conn *c)
 {
 	struct sm70__admin_conn **pp;
@@ -68,11 +87,10 @@ static void conn_close(struct sm70__daemon *d, struct sm70__admin_conn *c)
 			break;
 		}
 	sm70__loop_unwatch(d->loop, c->watch);
-	close(c->fd);
+	close_readable(c->fd);
 	d->n_admin_conns--;
 	free(c);
 }
-
 static void on_conn(void *arg, int fd, uint32_t revents)
 {
 	struct sm70__admin_conn *c = arg;
@@ -98,6 +116,7 @@ static void on_conn(void *arg, int fd, uint32_t revents)
 		return;
 	}
 	buf[n] = '\0';
+	c->last_us = d->now_us;
 	if (sm70__admin_handle(d, buf, (size_t)n, c->control, &reply) || send_reply(fd, reply)) {
 		sm70__debug("admin: dropping the connection of pid %d: cannot reply",
 			    (int)c->pid);
@@ -106,67 +125,170 @@ static void on_conn(void *arg, int fd, uint32_t revents)
 	free(reply);
 }
 
+/* The admin connections uid holds. */
+static uint32_t uid_conns(const struct sm70__daemon *d, uid_t uid)
+{
+	uint32_t n = 0;
+
+	for (const struct sm70__admin_conn *c = d->admin_conns; c; c = c->next)
+		n += c->uid == uid;
+	return n;
+}
+
+/*
+ * Takes one connection off the admin socket: checks the peer's credentials and the
+ * connection limits before anything is allocated, and turns it away with a reply it can
+ * read. Returns 1 (taken, refused or dropped: try the next), 0 (the backlog is empty, or
+ * accept failed in a way retrying now would not mend) or -errno (out of descriptors or
+ * memory: accepting pauses).
+ */
+static int accept_one(struct sm70__daemon *d, int lfd)
+{
+	struct sm70__admin_conn *c;
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	char why[200];
+	int control, fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+	if (fd < 0) {
+		int e = errno;
+
+		if (e == EAGAIN)
+			return 0;
+		if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM)
+			return -e;
+		if (e == EINTR || e == ECONNABORTED || e == EPROTO)
+			return 1;
+		sm70__warn("admin accept: %s", strerror(e));
+		return 0;
+	}
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len)) {
+		close(fd);
+		return 1;
+	}
+	control = sm70__peer_allowed(fd, cred.uid, cred.gid, d->cfg.admin_control_uids,
+				     d->cfg.n_admin_control_uids, d->cfg.admin_control_gids,
+				     d->cfg.n_admin_control_gids);
+	if (!control && !sm70__peer_allowed(fd, cred.uid, cred.gid, d->cfg.admin_allowed_uids,
+					    d->cfg.n_admin_allowed_uids,
+					    d->cfg.admin_allowed_gids,
+					    d->cfg.n_admin_allowed_gids)) {
+		snprintf(why, sizeof(why), "denied: uid %u (gid %u) is not in "
+			 "admin_allowed_uids/gids (read) or admin_control_uids/gids",
+			 (unsigned)cred.uid, (unsigned)cred.gid);
+		sm70__notice("admin: pid %d %s", (int)cred.pid, why);
+		send_error_once(fd, "denied", why);
+		close_readable(fd);
+		return 1;
+	}
+	if (d->n_admin_conns >= SM70__ADMIN_MAX_CONNS) {
+		snprintf(why, sizeof(why), "busy: all %d admin connections are taken; retry "
+			 "(idle ones close after admin_idle_ms, %u ms)", SM70__ADMIN_MAX_CONNS,
+			 d->cfg.admin_idle_ms);
+		send_error_once(fd, "busy", why);
+		close_readable(fd);
+		return 1;
+	}
+	if (uid_conns(d, cred.uid) >= d->cfg.admin_max_conns_per_uid) {
+		snprintf(why, sizeof(why), "busy: admin_max_conns_per_uid: uid %u already has %u "
+			 "admin connections; retry (idle ones close after admin_idle_ms, %u ms)",
+			 (unsigned)cred.uid, d->cfg.admin_max_conns_per_uid, d->cfg.admin_idle_ms);
+		sm70__debug("admin: pid %d %s", (int)cred.pid, why);
+		send_error_once(fd, "busy", why);
+		close_readable(fd);
+		return 1;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		close(fd);
+		return 1;
+	}
+	c->d = d;
+	c->fd = fd;
+	c->uid = cred.uid;
+	c->pid = cred.pid;
+	c->control = control;
+	c->last_us = d->now_us;
+	if (sm70__loop_watch(d->loop, fd, POLLIN | POLLRDHUP, on_conn, c, &c->watch)) {
+		free(c);
+		close(fd);
+		return 1;
+	}
+	c->next = d->admin_conns;
+	d->admin_conns = c;
+	d->n_admin_conns++;
+	return 1;
+}
+
+/* Accepts every queued connection; out of descriptors, it leaves the rest in the backlog
+ * and sm70__admin_poll tries again every ACCEPT_RETRY_MS (the listener's poll would not
+ * fire again for connections already queued). */
+static void accept_all(struct sm70__daemon *d)
+{
+	int ret;
+
+	while ((ret = accept_one(d, d->admin_fd)) > 0)
+		;
+	if (ret < 0) {
+		if (!d->admin_accept_paused)
+			sm70__warn("admin accept: %s: admin connections wait in the backlog "
+				   "(retrying every %d ms)", strerror(-ret), ACCEPT_RETRY_MS);
+		d->admin_accept_paused = 1;
+		d->admin_accept_retry_us = d->now_us + (uint64_t)ACCEPT_RETRY_MS * 1000;
+		return;
+	}
+	if (d->admin_accept_paused)
+		sm70__info("admin: accepting again");
+	d->admin_accept_paused = 0;
+}
+
 static void on_admin_listen(void *arg, int lfd, uint32_t revents)
 {
-	struct sm70__daemon *d = arg;
+	(void)lfd;
+	(void)revents;
+	accept_all(arg);
+}
 
-	for (;;) {
-		struct sm70__admin_conn *c;
-		struct ucred cred;
-		socklen_t len = sizeof(cred);
-		char why[160];
-		int control, fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+void sm70__admin_poll(struct sm70__daemon *d)
+{
+	uint64_t idle = (uint64_t)d->cfg.admin_idle_ms * 1000;
+	struct sm70__admin_conn *c, *next;
+	char why[96];
 
-		if (fd < 0) {
-			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-				sm70__warn("admin accept: %s", strerror(errno));
-			return;
-		}
-		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len)) {
-			close(fd);
+	if (d->admin_fd < 0)
+		return;
+	if (d->admin_accept_paused && d->now_us >= d->admin_accept_retry_us)
+		accept_all(d);
+	for (c = d->admin_conns; c; c = next) {
+		next = c->next;
+		if (d->now_us - c->last_us < idle)
 			continue;
-		}
-		control = sm70__peer_allowed(fd, cred.uid, cred.gid, d->cfg.admin_control_uids,
-					     d->cfg.n_admin_control_uids,
-					     d->cfg.admin_control_gids,
-					     d->cfg.n_admin_control_gids);
-		if (!control && !sm70__peer_allowed(fd, cred.uid, cred.gid,
-						    d->cfg.admin_allowed_uids,
-						    d->cfg.n_admin_allowed_uids,
-						    d->cfg.admin_allowed_gids,
-						    d->cfg.n_admin_allowed_gids)) {
-			snprintf(why, sizeof(why), "denied: uid %u (gid %u) is not in "
-				 "admin_allowed_uids/gids (read) or admin_control_uids/gids",
-				 (unsigned)cred.uid, (unsigned)cred.gid);
-			sm70__notice("admin: pid %d %s", (int)cred.pid, why);
-			send_error_once(fd, "denied", why);
-			close(fd);
-			continue;
-		}
-		if (d->n_admin_conns >= SM70__ADMIN_MAX_CONNS) {
-			send_error_once(fd, "busy", "busy: too many admin connections; retry");
-			close(fd);
-			continue;
-		}
-		c = calloc(1, sizeof(*c));
-		if (!c) {
-			close(fd);
-			continue;
-		}
-		c->d = d;
-		c->fd = fd;
-		c->uid = cred.uid;
-		c->pid = cred.pid;
-		c->control = control;
-		if (sm70__loop_watch(d->loop, fd, POLLIN | POLLRDHUP, on_conn, c, &c->watch)) {
-			free(c);
-			close(fd);
-			continue;
-		}
-		c->next = d->admin_conns;
-		d->admin_conns = c;
-		d->n_admin_conns++;
+		snprintf(why, sizeof(why), "idle: no request for admin_idle_ms (%u ms): closed",
+			 d->cfg.admin_idle_ms);
+		sm70__debug("admin: pid %d: %s", (int)c->pid, why);
+		send_error_once(c->fd, "idle", why);
+		conn_close(d, c);
 	}
+}
+
+int64_t sm70__admin_next_timer(const struct sm70__daemon *d)
+{
+	uint64_t idle = (uint64_t)d->cfg.admin_idle_ms * 1000;
+	int64_t best = -1;
+
+	if (d->admin_fd < 0)
+		return -1;
+	if (d->admin_accept_paused)
+		best = d->admin_accept_retry_us > d->now_us ?
+		       (int64_t)(d->admin_accept_retry_us - d->now_us) : 0;
+	for (const struct sm70__admin_conn *c = d->admin_conns; c; c = c->next) {
+		uint64_t at = c->last_us + idle;
+		int64_t dt = at > d->now_us ? (int64_t)(at - d->now_us) : 0;
+
+		if (best < 0 || dt < best)
+			best = dt;
+	}
+	return best;
 }
 
 int sm70__admin_open(struct sm70__daemon *d, struct sm70_err *err)
@@ -188,6 +310,7 @@ int sm70__admin_open(struct sm70__daemon *d, struct sm70_err *err)
 		return fd;
 	d->admin_fd = fd;
 	d->admin_unlink = 1;
+	d->admin_accept_paused = 0;
 	if (d->cfg.has_admin_socket_gid &&
 	    chown(d->cfg.admin_socket_path, (uid_t)-1, (gid_t)d->cfg.admin_socket_gid)) {
 		ret = -errno;
@@ -452,17 +575,23 @@ int sm70__admin_handle(struct sm70__daemon *d, const char *req, size_t len, int 
 	char why[256];
 
 	*reply = NULL;
-	in = json_loadb(req, len, 0, &je);
-	if (!in) {
+	/* {"cmd":"jobs","cmd":"drain"} would otherwise be read as its last key by us and as
+	 * its first by whatever logged or filtered the request on the way: refuse it. */
+	in = json_loadb(req, len, JSON_REJECT_DUPLICATES, &je);
+	if (!in && json_error_code(&je) == json_error_duplicate_key)
+		snprintf(why, sizeof(why), "request: a key appears twice (%s): refused, nothing "
+			 "was done", je.text);
+	else if (!in)
 		snprintf(why, sizeof(why), "request: not valid JSON: %s", je.text);
-		r = json_pack("{s:b, s:s}", "ok", 0, "error", why);
+	if (!in) {
+		r = json_pack("{s:b, s:s, s:s}", "ok", 0, "code", "invalid", "error", why);
 		goto out;
 	}
 	if (json_is_object(in))
 		cmd = json_string_value(json_object_get(in, "cmd"));
 	if (!cmd) {
-		r = json_pack("{s:b, s:s}", "ok", 0, "error", "request: must be an object with a "
-			      "string \"cmd\"");
+		r = json_pack("{s:b, s:s, s:s}", "ok", 0, "code", "invalid", "error", "request: "
+			      "must be an object with a string \"cmd\"");
 	} else if (strcmp(cmd, "status") == 0) {
 		r = cmd_status(d);
 	} else if (strcmp(cmd, "metrics") == 0) {
@@ -482,8 +611,12 @@ int sm70__admin_handle(struct sm70__daemon *d, const char *req, size_t len, int 
 	} else {
 		snprintf(why, sizeof(why), "cmd: unknown command '%.64s' (status, metrics, jobs, "
 			 "clients, health, drain)", cmd);
-		r = json_pack("{s:b, s:s}", "ok", 0, "error", why);
+		r = json_pack("{s:b, s:s, s:s}", "ok", 0, "code", "invalid", "error", why);
 	}
+	/* Every reply to a request with a cmd names it, so that a peer can tell which
+	 * request it answers. */
+	if (r && cmd && !json_object_get(r, "cmd"))
+		json_object_set_new(r, "cmd", json_stringn(cmd, strnlen(cmd, 64)));
 out:
 	json_decref(in);
 	if (r)

@@ -8,7 +8,10 @@
  * ("truncated": true, "total": n). Access: SO_PEERCRED against admin_allowed_uids /
  * admin_allowed_gids (may read: status, metrics, jobs, clients, health) and
  * admin_control_uids / admin_control_gids (may also drain); both default to root and the
- * daemon's uid. Error replies carry "code": "denied", "busy" or "invalid". Commands and replies are in
+ * daemon's uid. Connections: SM70__ADMIN_MAX_CONNS in all, admin_max_conns_per_uid per
+ * uid, each closed after admin_idle_ms without a request; a refused or closed peer always
+ * reads the reason first. Requests with a key twice are refused. Error replies carry
+ * "code": "denied", "busy", "idle" or "invalid". Commands and replies are in
  * docs/OBSERVABILITY.md. Non-goals: changing the configuration, cancelling single jobs,
  * socket activation of this socket.
  */
@@ -16,6 +19,7 @@
 #define SM70_DAEMON_ADMIN_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 #include "daemon/daemon.h"
@@ -27,6 +31,14 @@
 /* Binds cfg.admin_socket_path (replacing a stale socket file nobody listens on), chmods
  * it to admin_socket_mode and starts watching it. Returns 0 or -errno with err set. */
 int sm70__admin_open(struct sm70__daemon *d, struct sm70_err *err);
+
+/* Closes admin connections idle for admin_idle_ms (each first gets {"code": "idle"}) and
+ * retries a paused accept. Call after every wait of the loop. */
+void sm70__admin_poll(struct sm70__daemon *d);
+
+/* Microseconds until sm70__admin_poll has work (an idle deadline, an accept retry), or -1
+ * for none. */
+int64_t sm70__admin_next_timer(const struct sm70__daemon *d);
 
 /* Closes every admin connection and the listener; unlinks the socket file we created. */
 void sm70__admin_close(struct sm70__daemon *d);

@@ -149,6 +149,8 @@ static const struct key top_keys[] = {
 	IDS("admin_control_uids", K_UIDS, admin_control_uids, n_admin_control_uids),
 	IDS("admin_control_gids", K_GIDS, admin_control_gids, n_admin_control_gids),
 	IDS("admin_socket_group", K_GID, admin_socket_gid, has_admin_socket_gid),
+	NUM("admin_idle_ms", K_U32, admin_idle_ms, 100, 3600u * 1000),
+	NUM("admin_max_conns_per_uid", K_U32, admin_max_conns_per_uid, 1, 16),
 	OBJ("limits", limits_keys),
 	{ "overrides", K_OVERRIDES, AT(overrides), 0, 0, override_keys, NULL, AT(n_overrides),
 	  SM70__CFG_MAX_OVERRIDES },
@@ -191,6 +193,8 @@ void sm70__config_default(struct sm70__config *c)
 	c->admin_control_uids[c->n_admin_control_uids++] = 0;
 	if (getuid() != 0)
 		c->admin_control_uids[c->n_admin_control_uids++] = (uint32_t)getuid();
+	c->admin_idle_ms = 5000;
+	c->admin_max_conns_per_uid = 4;
 	c->limits.max_jobs_in_flight = 64;
 	c->limits.max_prompt_tokens = 32768;
 	c->limits.max_new_tokens = 8192;

@@ -91,6 +91,11 @@ struct sm70__config {
 	 * that admin_socket_mode can open it to that group. */
 	uint32_t admin_socket_gid;
 	uint32_t has_admin_socket_gid;
+	/* An admin connection with no request for this long is closed (default 5000), and
+	 * one uid holds at most this many of the SM70__ADMIN_MAX_CONNS (default 4), so idle
+	 * or hoarded connections cannot lock sm70ctl out. */
+	uint32_t admin_idle_ms;
+	uint32_t admin_max_conns_per_uid;
 
 	struct sm70__cfg_limits limits;
 	/* Per uid or group: the first entry naming a peer sets the limits it lists. */

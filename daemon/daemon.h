@@ -86,6 +86,8 @@ struct sm70__daemon {
 	struct sm70__watch *admin_watch;
 	struct sm70__admin_conn *admin_conns;
 	uint32_t n_admin_conns;
+	int admin_accept_paused; /* out of descriptors: accepting retries at the time below */
+	uint64_t admin_accept_retry_us;
 	int admin_drained; /* `sm70ctl drain`: no new jobs; the daemon stays up */
 };
 

@@ -507,6 +507,7 @@ static int run(struct sm70__daemon *d, struct watchdog *wd)
 		if (!sm70__sched_busy(d)) {
 			timeout = min_timer(sm70__sessions_next_timer(d),
 					    sm70__sched_next_timer(d));
+			timeout = min_timer(timeout, sm70__admin_next_timer(d));
 			if (d->draining && !d->drain_killed)
 				timeout = min_timer(timeout, d->drain_deadline_us > d->now_us ?
 					(int64_t)(d->drain_deadline_us - d->now_us) : 0);
@@ -524,6 +525,7 @@ static int run(struct sm70__daemon *d, struct watchdog *wd)
 			return ret;
 		}
 		sm70__sessions_poll(d);
+		sm70__admin_poll(d);
 		sm70__sched_tick(d);
 		if (d->draining && !d->drain_killed && d->now_us >= d->drain_deadline_us &&
 		    d->n_jobs) {
@@ -663,6 +665,9 @@ static int load_model(struct sm70__daemon *d, const struct sm70_engine_opts *eo,
 
 		if (t >= 0 && t < timeout)
 			timeout = t;
+		t = sm70__admin_next_timer(d);
+		if (t >= 0 && t < timeout)
+			timeout = t;
 		ret = sm70__loop_run(d->loop, timeout);
 		d->now_us = sm70__now_us();
 		if (ret < 0 && !l.progress.cancel) {
@@ -670,6 +675,7 @@ static int load_model(struct sm70__daemon *d, const struct sm70_engine_opts *eo,
 			__atomic_store_n(&l.progress.cancel, 1, __ATOMIC_RELAXED);
 		}
 		sm70__sessions_poll(d); /* hello timeouts, waiting clients that hung up */
+		sm70__admin_poll(d);	/* idle admin connections */
 		if (d->draining && !__atomic_load_n(&l.progress.cancel, __ATOMIC_RELAXED)) {
 			sm70__notice("stopping while the model loads: cancelling the load");
 			__atomic_store_n(&l.progress.cancel, 1, __ATOMIC_RELAXED);

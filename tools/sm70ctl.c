@@ -8,10 +8,13 @@
  * text without it). -l repeats the command every SECONDS until interrupted; status then
  * shows tokens/s over that interval. Exit status: 0 ok; 1 the daemon answered no (health
  * check failed, an error reply); 2 usage; 3 sm70d is not running (nothing at the path, or
- * nothing listening); 4 unknown (no reply in time, or a state this tool does not know);
+ * nothing listening); 4 unknown (no reply in time, a reply that does not answer the
+ * command asked, or a state this tool does not know);
  * 5 permission denied (by the socket file's mode, or by the daemon's admin access lists);
  * 6 not an sm70 admin socket (not a socket, another socket type, sm70d's client socket, or
- * a reply that is not sm70d's JSON). docs/OBSERVABILITY.md has the details.
+ * a reply that is not sm70d's JSON). Each request has a connection of its own (the daemon
+ * closes idle ones); terminal control characters in what the daemon sends are stripped
+ * before anything is printed. docs/OBSERVABILITY.md has the details.
  * Non-goals: changing the daemon's configuration, talking to the client socket.
  */
 #include <errno.h>
@@ -120,6 +123,64 @@ static int connect_failed(const char *path, int err)
 	}
 }
 
+/*
+ * Removes, in place, what a terminal would act on rather than show: C0 controls (all but
+ * '\n' when keep_newlines), DEL and the C1 controls (U+0080..U+009F, 0xc2 0x80..0x9f in
+ * UTF-8; CSI among them). Whatever the daemon sends, or whatever answers on its socket,
+ * cannot move the cursor, retitle the window or hide text. Returns s.
+ */
+static char *strip_controls(char *s, int keep_newlines)
+{
+	unsigned char *r = (unsigned char *)s, *w = r;
+
+	for (; *r; r++) {
+		if (*r == 0xc2 && r[1] >= 0x80 && r[1] <= 0x9f) {
+			r++;
+			continue;
+		}
+		if ((*r < 0x20 && !(keep_newlines && *r == '\n')) || *r == 0x7f)
+			continue;
+		*w++ = *r;
+	}
+	*w = '\0';
+	return s;
+}
+
+/* Strips every string in v (see strip_controls); newlines stay only in the metrics text
+ * (keep_newlines is set for the value of a "text" key). */
+static void sanitize(json_t *v, int keep_newlines)
+{
+	const char *key;
+	json_t *e;
+	size_t i;
+
+	if (json_is_string(v)) {
+		char *t = strdup(json_string_value(v));
+
+		if (t && strlen(t) == json_string_length(v)) /* no NUL inside */
+			json_string_set(v, strip_controls(t, keep_newlines));
+		else if (t)
+			json_string_set(v, "?");
+		free(t);
+	} else if (json_is_object(v)) {
+		json_object_foreach(v, key, e)
+			sanitize(e, strcmp(key, "text") == 0);
+	} else if (json_is_array(v)) {
+		json_array_foreach(v, i, e)
+			sanitize(e, 0);
+	}
+}
+
+/* Prints the (sanitized) reply as JSON on one line: every non-ASCII character escaped, so
+ * nothing in a key either reaches the terminal raw. */
+static void print_json(json_t *r)
+{
+	char *text = json_dumps(r, JSON_COMPACT | JSON_ENSURE_ASCII);
+
+	printf("%s\n", text ? text : "{}");
+	free(text);
+}
+
 /* Sends {"cmd": cmd} on fd and returns the parsed reply in *out (caller decrefs), the raw
  * text in raw (REPLY_MAX bytes). Returns an exit status: EXIT_OK, or EXIT_UNKNOWN /
  * EXIT_NOT_ADMIN with a message printed. A daemon that turns this uid away sends its
@@ -129,6 +190,7 @@ static int request(int fd, const char *cmd, json_t **out, char *raw)
 	char req[128];
 	struct pollfd p = { .fd = fd, .events = POLLIN };
 	json_error_t je;
+	json_t *rc;
 	ssize_t n;
 	int len;
 
@@ -157,7 +219,7 @@ static int request(int fd, const char *cmd, json_t **out, char *raw)
 		return EXIT_UNKNOWN;
 	}
 	raw[n] = '\0';
-	*out = json_loads(raw, 0, &je);
+	*out = json_loads(raw, JSON_REJECT_DUPLICATES, &je);
 	if (!json_is_object(*out) || !json_is_boolean(json_object_get(*out, "ok"))) {
 		uint32_t magic = 0;
 
@@ -169,10 +231,25 @@ static int request(int fd, const char *cmd, json_t **out, char *raw)
 				DEFAULT_ADMIN_SOCKET " or <socket>.admin)\n");
 		else
 			fprintf(stderr, "sm70ctl: not an sm70 admin socket: the reply is not sm70d's "
-				"JSON: %.100s\n", raw);
+				"JSON: %.100s\n", strip_controls(raw, 0));
 		json_decref(*out);
 		*out = NULL;
 		return EXIT_NOT_ADMIN;
+	}
+	sanitize(*out, 0);
+	/* A reply to another request (a stale one, or a peer that is not sm70d) must not be
+	 * taken for ours: a success names our command, a refusal names it or none (one sent
+	 * at accept, before any request). */
+	rc = json_object_get(*out, "cmd");
+	if (json_is_true(json_object_get(*out, "ok")) ? !json_is_string(rc) ||
+	    strcmp(json_string_value(rc), cmd) : rc && (!json_is_string(rc) ||
+	    strcmp(json_string_value(rc), cmd))) {
+		fprintf(stderr, "sm70ctl: the reply does not answer '%s' (its \"cmd\" is %s%s%s)\n",
+			cmd, json_is_string(rc) ? "'" : "", json_is_string(rc) ?
+			json_string_value(rc) : "missing", json_is_string(rc) ? "'" : "");
+		json_decref(*out);
+		*out = NULL;
+		return EXIT_UNKNOWN;
 	}
 	return EXIT_OK;
 }
@@ -384,11 +461,35 @@ struct ctl {
 	char raw[REPLY_MAX];
 };
 
+/*
+ * One request on a connection of its own: the daemon closes admin connections idle for
+ * admin_idle_ms, so `-l` and drain's polling must not keep one across their sleeps. The
+ * first call settles on the fallback path when the default one does not exist. Returns an
+ * exit status, the reply in *out on EXIT_OK.
+ */
+static int ask(struct ctl *c, const char *cmd, json_t **out)
+{
+	int fd = admin_connect(c->socket), ret;
+
+	*out = NULL;
+	if (fd == -ENOENT && c->fallback) {
+		fd = admin_connect(c->fallback);
+		if (fd != -ENOENT)
+			c->socket = c->fallback;
+	}
+	c->fallback = NULL;
+	if (fd < 0)
+		return connect_failed(c->socket, fd);
+	ret = request(fd, cmd, out, c->raw);
+	close(fd);
+	return ret;
+}
+
 /* One round trip and its output. Returns an exit status. */
-static int run_once(struct ctl *c, int fd)
+static int run_once(struct ctl *c)
 {
 	json_t *r;
-	int ret = request(fd, c->cmd, &r, c->raw);
+	int ret = ask(c, c->cmd, &r);
 
 	if (ret)
 		return ret;
@@ -398,10 +499,11 @@ static int run_once(struct ctl *c, int fd)
 		json_t *v = json_object_get(r, c->check);
 
 		if (!json_is_boolean(v)) {
-			fprintf(stderr, "sm70ctl: unexpected health reply: %.200s\n", c->raw);
+			fprintf(stderr, "sm70ctl: unexpected health reply: no boolean '%s'\n",
+				c->check);
 			ret = EXIT_UNKNOWN;
 		} else if (c->json) {
-			printf("%s\n", c->raw);
+			print_json(r);
 			ret = json_is_true(v) ? EXIT_OK : EXIT_NO;
 		} else {
 			char load[96];
@@ -412,7 +514,7 @@ static int run_once(struct ctl *c, int fd)
 			ret = json_is_true(v) ? EXIT_OK : EXIT_NO;
 		}
 	} else if (c->json) {
-		printf("%s\n", c->raw);
+		print_json(r);
 	} else if (strcmp(c->cmd, "metrics") == 0) {
 		fputs(str(r, "text"), stdout);
 	} else if (strcmp(c->cmd, "status") == 0) {
@@ -442,11 +544,11 @@ static void sleep_s(double s)
 }
 
 /* drain: ask once, then poll status until no job is left. */
-static int run_drain(struct ctl *c, int fd)
+static int run_drain(struct ctl *c)
 {
 	json_t *r;
 	long long left;
-	int ret = request(fd, "drain", &r, c->raw);
+	int ret = ask(c, "drain", &r);
 
 	if (ret)
 		return ret;
@@ -459,14 +561,14 @@ static int run_drain(struct ctl *c, int fd)
 	for (;;) {
 		const char *state;
 
-		ret = request(fd, "status", &r, c->raw);
+		ret = ask(c, "status", &r);
 		if (ret)
 			return ret;
 		state = str(r, "state");
 		if (strcmp(state, "drained") == 0 || strcmp(state, "stopping") == 0 ||
 		    strcmp(state, "draining") != 0) {
 			if (c->json)
-				printf("%s\n", c->raw);
+				print_json(r);
 			else if (strcmp(state, "drained") == 0)
 				printf("drained: every job finished; sm70d refuses new jobs until "
 				       "it is restarted\n");
@@ -493,7 +595,7 @@ int main(int argc, char **argv)
 	};
 	static struct ctl c; /* the reply buffer is large */
 	char *end;
-	int opt, fd, ret;
+	int opt, ret;
 
 	c.socket = getenv("SM70_ADMIN_SOCKET");
 	if (!c.socket || !*c.socket) {
@@ -552,20 +654,13 @@ int main(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 
-	fd = admin_connect(c.socket);
-	if (fd == -ENOENT && c.fallback) {
-		fd = admin_connect(c.fallback);
-		if (fd != -ENOENT)
-			c.socket = c.fallback;
-	}
-	if (fd < 0)
-		return connect_failed(c.socket, fd);
 	if (strcmp(c.cmd, "drain") == 0) {
-		ret = run_drain(&c, fd);
+		ret = run_drain(&c);
 	} else {
 		for (;;) {
-			ret = run_once(&c, fd);
-			if (c.interval <= 0 || ret == EXIT_UNKNOWN)
+			ret = run_once(&c);
+			if (c.interval <= 0 || ret == EXIT_UNKNOWN || ret == EXIT_NOT_RUNNING ||
+			    ret == EXIT_DENIED || ret == EXIT_NOT_ADMIN)
 				break;
 			sleep_s(c.interval);
 			if (!c.json && strcmp(c.cmd, "metrics"))
@@ -573,6 +668,5 @@ int main(int argc, char **argv)
 		}
 	}
 	json_decref(c.prev);
-	close(fd);
 	return ret;
 }
