@@ -171,10 +171,18 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+	int st = sm70t_daemon_stop(&T, SIGTERM, 10000);
+
 	(void)state;
-	sm70t_daemon_stop(&T, SIGTERM, 10000);
+	/* under ASan a leak or an error makes the exit status non-zero */
+	if (st != 0) {
+		fprintf(stderr, "sm70d exited with %d:\n", st);
+		sm70t_daemon_dump_log(&T);
+	} else {
+		printf("sm70d exited 0 after SIGTERM\n");
+	}
 	sm70t_daemon_cleanup(&T);
-	return 0;
+	return st == 0 ? 0 : -1;
 }
 
 static void test_idle_connections(void **state)

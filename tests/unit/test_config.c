@@ -69,6 +69,8 @@ static void test_defaults_and_check(void **state)
 	assert_int_equal(c.admin_control_uids[0], 0);
 	assert_int_equal(c.has_admin_socket_gid, 0);
 	assert_int_equal(c.admin_socket_path[0], '\0');
+	assert_int_equal(c.admin_idle_ms, 5000);
+	assert_int_equal(c.admin_max_conns_per_uid, 4);
 	/* no model directory yet */
 	assert_int_equal(sm70__config_check(&c, &err), -EINVAL);
 	assert_non_null(strstr(err.msg, "model: no model directory"));
@@ -93,6 +95,7 @@ static void test_every_key(void **state)
 		" \"admin_socket_mode\": 384, \"admin_allowed_uids\": [7],"
 		" \"admin_allowed_gids\": [0], \"admin_control_uids\": [8],"
 		" \"admin_control_gids\": [\"root\"], \"admin_socket_group\": \"root\","
+		" \"admin_idle_ms\": 250, \"admin_max_conns_per_uid\": 2,"
 		" \"limits\": {\"max_jobs_in_flight\": 5, \"max_prompt_tokens\": 100,"
 		"   \"max_new_tokens\": 50, \"max_context_tokens\": 0, \"max_priority\": 1,"
 		"   \"max_top_logprobs\": 2},"
@@ -130,6 +133,8 @@ static void test_every_key(void **state)
 	assert_int_equal(c.admin_control_gids[0], 0);
 	assert_int_equal(c.has_admin_socket_gid, 1);
 	assert_int_equal(c.admin_socket_gid, 0);
+	assert_int_equal(c.admin_idle_ms, 250);
+	assert_int_equal(c.admin_max_conns_per_uid, 2);
 	assert_int_equal(c.limits.max_jobs_in_flight, 5);
 	assert_int_equal(c.limits.max_top_logprobs, 2);
 	assert_int_equal(c.engine.max_seqs, 4);
@@ -168,6 +173,10 @@ static void test_wrong_types(void **state)
 	expect_error("{\"fast_paths\": {\"matmul\": \"turbo\"}}", -EINVAL,
 		     "fast_paths.matmul: must be \"fast\" or \"reference\"");
 	expect_error("{\"limits\": 5}", -EINVAL, "limits: must be an object");
+	expect_error("{\"admin_idle_ms\": 0}", -EINVAL,
+		     "admin_idle_ms: must be an integer in 100..3600000");
+	expect_error("{\"admin_max_conns_per_uid\": 17}", -EINVAL,
+		     "admin_max_conns_per_uid: must be an integer in 1..16");
 	expect_error("{\"model\": 7}", -EINVAL, "model: must be a path shorter than 4096 bytes");
 	expect_error("{\"gpus\": 0}", -EINVAL, "gpus: must be a list of 1 to 16 integers");
 	expect_error("{\"allowed_uids\": [1.5]}", -EINVAL,
