@@ -6,8 +6,9 @@
  * uid is answered at once (root only: skipped otherwise, said so); a denied peer that sent
  * its request first reads its refusal; a request with a key twice is refused and does not
  * drain; sm70ctl strips terminal control characters from what it prints and refuses a
- * reply to another command (a fake admin server here); the daemon's descriptors are
- * counted before and after.
+ * reply to another command (a fake admin server here); out of descriptors, queued admin
+ * connections are accepted once some close; the daemon's descriptors are counted before
+ * and after.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -152,6 +154,20 @@ static int fds_settle(int want)
 	return n;
 }
 
+/* The daemon's descriptor count once it holds still (the same over 200 ms: just after
+ * start-up it still opens a few). */
+static int fds_stable(pid_t pid)
+{
+	int n = sm70t_count_fds(pid), prev = -1;
+
+	for (int i = 0; i < 25 && n != prev; i++) {
+		usleep(200000);
+		prev = n;
+		n = sm70t_count_fds(pid);
+	}
+	return n;
+}
+
 static int setup(void **state)
 {
 	char config[400];
@@ -192,7 +208,7 @@ static void test_idle_connections(void **state)
 	long t0, t;
 
 	(void)state;
-	fds0 = sm70t_count_fds(T.pid);
+	fds0 = fds_stable(T.pid);
 	assert_true(fds0 > 0);
 	t0 = sm70t_ms_now();
 	for (int i = 0; i < N_IDLE; i++) {
@@ -319,7 +335,7 @@ static void test_duplicate_keys(void **state)
 		"{\"cmd\":\"drain\",\"cmd\":\"status\"}",
 		"{\"x\":{\"a\":1,\"a\":2},\"cmd\":\"drain\"}",
 	};
-	int fds0 = sm70t_count_fds(T.pid), fd = raw_connect(admin_path);
+	int fds0 = fds_stable(T.pid), fd = raw_connect(admin_path);
 	json_t *r;
 
 	(void)state;
@@ -349,6 +365,69 @@ static void test_duplicate_keys(void **state)
 	assert_int_equal(fds_settle(fds0), fds0);
 	printf("state serving after them; an unknown cmd's error names it; descriptors %d\n",
 	       fds0);
+}
+
+/* ---- out of descriptors ------------------------------------------------------------------ */
+
+static void set_nofile(void *arg)
+{
+	struct rlimit r = { .rlim_cur = *(rlim_t *)arg, .rlim_max = *(rlim_t *)arg };
+
+	if (setrlimit(RLIMIT_NOFILE, &r))
+		_exit(125);
+}
+
+/* A second daemon with RLIMIT_NOFILE three above its idle descriptor count: the fourth and
+ * fifth admin connections find no descriptor and wait in the backlog; once two held ones
+ * close they are accepted (a retry every 100 ms, since no new connection wakes the
+ * listener) and answer the requests they queued. */
+static void test_admin_emfile(void **state)
+{
+	struct sm70t_daemon B;
+	char buf[4096];
+	rlim_t lim = (rlim_t)fds_stable(T.pid) + 3;
+	int fds[5], ret;
+	long t;
+
+	(void)state;
+	if (sm70t_daemon_start_hook(&B, NULL, "{\"admin_max_conns_per_uid\": 8,"
+				    " \"admin_idle_ms\": 20000}", NULL, set_nofile, &lim)) {
+		printf("sm70d does not start with RLIMIT_NOFILE %d here: skipped\n", (int)lim);
+		skip();
+	}
+	snprintf(buf, sizeof(buf), "%s.admin", B.sock);
+	for (int i = 0; i < 5; i++) {
+		fds[i] = raw_connect(buf);
+		assert_true(fds[i] >= 0);
+	}
+	for (int i = 3; i < 5; i++)
+		send(fds[i], "{\"cmd\":\"health\"}", 16, MSG_NOSIGNAL);
+	usleep(300000);
+	if (!sm70t_log_contains(&B, "admin accept: Too many open files")) {
+		printf("RLIMIT_NOFILE %d left room for all five: skipped\n", (int)lim);
+		for (int i = 0; i < 5; i++)
+			close(fds[i]);
+		sm70t_daemon_stop(&B, SIGTERM, 10000);
+		sm70t_daemon_cleanup(&B);
+		skip();
+	}
+	assert_int_equal(raw_recv(fds[4], buf, sizeof(buf), 0), -ETIMEDOUT);
+	close(fds[0]);
+	close(fds[1]);
+	t = sm70t_ms_now();
+	for (int i = 3; i < 5; i++) {
+		ret = (int)raw_recv(fds[i], buf, sizeof(buf), 2000);
+		assert_true(ret > 0);
+		assert_non_null(strstr(buf, "\"cmd\":\"health\""));
+	}
+	t = sm70t_ms_now() - t;
+	printf("RLIMIT_NOFILE %d: 2 admin connections waited in the backlog, answered %ld ms "
+	       "after 2 held ones closed (bound 1000)\n", (int)lim, t);
+	assert_true(t < 1000);
+	for (int i = 2; i < 5; i++)
+		close(fds[i]);
+	assert_int_equal(sm70t_daemon_stop(&B, SIGTERM, 10000), 0);
+	sm70t_daemon_cleanup(&B);
 }
 
 /* ---- sm70ctl against a fake admin server ------------------------------------------------ */
@@ -459,6 +538,7 @@ int main(void)
 		cmocka_unit_test(test_idle_connections),
 		cmocka_unit_test(test_denied_reads_reason),
 		cmocka_unit_test(test_duplicate_keys),
+		cmocka_unit_test(test_admin_emfile),
 		cmocka_unit_test(test_ctl_strips_and_checks),
 	};
 
