@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/bench_util.h"
 #include "kernels/cuda/cuda_check.h"
 
 extern "C" {
@@ -30,16 +31,6 @@ static struct {
 	unsigned *sink;
 } bench;
 
-#define BCHECK(call)                                                                     \
-	do {                                                                             \
-		cudaError_t e_ = (call);                                                 \
-		if (e_ != cudaSuccess) {                                                 \
-			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,    \
-				cudaGetErrorString(e_));                                 \
-			ret = -EIO;                                                      \
-			goto out;                                                        \
-		}                                                                        \
-	} while (0)
 
 extern "C" int sm70__bench_available(void)
 {
@@ -60,7 +51,7 @@ extern "C" int sm70__bench_open(int device, char *desc, size_t desc_len, char *m
 	}
 	bench.c = (struct sm70__cuda *)bench.be->priv;
 	ret = 0;
-	BCHECK(cudaGetDeviceProperties(&p, device));
+	SM70_BENCH_CHECK(cudaGetDeviceProperties(&p, device));
 	cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, device);
 	cudaDeviceGetAttribute(&mclk, cudaDevAttrMemoryClockRate, device);
 	bench.l2 = (size_t)p.l2CacheSize;
@@ -69,9 +60,9 @@ extern "C" int sm70__bench_open(int device, char *desc, size_t desc_len, char *m
 		 "memory clock %d MHz, bus %d bit",
 		 p.name, p.major, p.minor, p.multiProcessorCount, p.l2CacheSize / 1e6,
 		 p.totalGlobalMem / 1073741824.0, clk / 1000, mclk / 1000, p.memoryBusWidth);
-	BCHECK(cudaEventCreate(&bench.ev0));
-	BCHECK(cudaEventCreate(&bench.ev1));
-	BCHECK(cudaMalloc(&bench.sink, 4 << 20));
+	SM70_BENCH_CHECK(cudaEventCreate(&bench.ev0));
+	SM70_BENCH_CHECK(cudaEventCreate(&bench.ev1));
+	SM70_BENCH_CHECK(cudaMalloc(&bench.sink, 4 << 20));
 out:
 	if (ret)
 		snprintf(msg, msg_len, "CUDA setup failed");
@@ -100,22 +91,12 @@ extern "C" struct sm70_backend *sm70__bench_backend(void)
 
 /* ---- inputs ------------------------------------------------------------------------ */
 
-static __device__ __forceinline__ uint32_t hash32(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	x ^= x >> 33;
-	return (uint32_t)x;
-}
-
 /* f16 values uniform in [-amp, amp). */
 static __global__ void fill_f16_kernel(__half *p, size_t n, uint64_t seed, float amp)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
-		float u = (float)(hash32(seed + i) >> 8) * 0x1p-24f;
+		float u = (float)(sm70__bench_hash(seed + i) >> 8) * 0x1p-24f;
 
 		p[i] = __float2half_rn((2.0f * u - 1.0f) * amp);
 	}
@@ -126,7 +107,7 @@ static __global__ void fill_e4m3_kernel(uint8_t *p, size_t n, uint64_t seed)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
-		uint32_t h = hash32(seed + i);
+		uint32_t h = sm70__bench_hash(seed + i);
 
 		p[i] = (uint8_t)((h & 0x80u) | ((h >> 8) % 0x50u));
 	}
@@ -170,15 +151,15 @@ static int time_median(launch_fn launch, void *ctx, int per_sample, int iters, d
 	for (int it = -3; it < iters; it++) {
 		float ms = 0.0f;
 
-		BCHECK(cudaEventRecord(bench.ev0, s));
+		SM70_BENCH_CHECK(cudaEventRecord(bench.ev0, s));
 		for (int i = 0; i < per_sample; i++) {
 			ret = launch(ctx, i);
 			if (ret)
 				goto out;
 		}
-		BCHECK(cudaEventRecord(bench.ev1, s));
-		BCHECK(cudaEventSynchronize(bench.ev1));
-		BCHECK(cudaEventElapsedTime(&ms, bench.ev0, bench.ev1));
+		SM70_BENCH_CHECK(cudaEventRecord(bench.ev1, s));
+		SM70_BENCH_CHECK(cudaEventSynchronize(bench.ev1));
+		SM70_BENCH_CHECK(cudaEventElapsedTime(&ms, bench.ev0, bench.ev1));
 		if (it >= 0)
 			t[it] = (double)ms * 1e3 / per_sample;
 	}
@@ -256,7 +237,7 @@ extern "C" int sm70__bench_bw(size_t bytes, int iters, double *read_gbs, double 
 	double us = 0.0;
 	int ret = 0;
 
-	BCHECK(cudaMalloc(&x.buf, x.bytes));
+	SM70_BENCH_CHECK(cudaMalloc(&x.buf, x.bytes));
 	ret = fill_f16(x.buf, x.bytes / 2, 1, 1.0f);
 	if (!ret)
 		ret = time_median(launch_read, &x, 4, iters, &us);
@@ -316,13 +297,13 @@ extern "C" int sm70__bench_gemv(int rows, int cols, int n, int iters,
 	g.ncopies = copies_for((double)wbytes, 64);
 	for (int i = 0; i < g.ncopies; i++) {
 		w[i] = (struct sm70_weight){ SM70_DTYPE_F16, rows, cols, NULL };
-		BCHECK(cudaMalloc(&w[i].data, wbytes));
+		SM70_BENCH_CHECK(cudaMalloc(&w[i].data, wbytes));
 		ret = fill_f16(w[i].data, wbytes / 2, 1000 + 77 * i, 0.03f);
 		if (ret)
 			goto out;
 	}
-	BCHECK(cudaMalloc(&g.x, (size_t)n * cols * 2));
-	BCHECK(cudaMalloc(&g.y, ny * 4));
+	SM70_BENCH_CHECK(cudaMalloc(&g.x, (size_t)n * cols * 2));
+	SM70_BENCH_CHECK(cudaMalloc(&g.y, ny * 4));
 	ret = fill_f16(g.x, (size_t)n * cols, 7, 1.0f);
 	if (ret)
 		goto out;
@@ -335,7 +316,7 @@ extern "C" int sm70__bench_gemv(int rows, int cols, int n, int iters,
 		goto out;
 	}
 	bench.be->ops->matmul(bench.be, g.y, 1, g.x, &w[0], n);
-	BCHECK(cudaMemcpyAsync(ya, g.y, ny * 4, cudaMemcpyDeviceToHost, bench.c->stream));
+	SM70_BENCH_CHECK(cudaMemcpyAsync(ya, g.y, ny * 4, cudaMemcpyDeviceToHost, bench.c->stream));
 	{
 		const float alpha = 1.0f, beta = 0.0f;
 
@@ -347,8 +328,8 @@ extern "C" int sm70__bench_gemv(int rows, int cols, int n, int iters,
 			goto out;
 		}
 	}
-	BCHECK(cudaMemcpyAsync(yb, g.y, ny * 4, cudaMemcpyDeviceToHost, bench.c->stream));
-	BCHECK(cudaStreamSynchronize(bench.c->stream));
+	SM70_BENCH_CHECK(cudaMemcpyAsync(yb, g.y, ny * 4, cudaMemcpyDeviceToHost, bench.c->stream));
+	SM70_BENCH_CHECK(cudaStreamSynchronize(bench.c->stream));
 	{
 		double md = 0.0, mr = 0.0;
 
@@ -442,10 +423,10 @@ extern "C" int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int 
 		for (int j = 0; j < per_seq; j++)
 			h_bt[s * per_seq + j] = perm[s * per_seq + j];
 	}
-	BCHECK(cudaMalloc(&d_ints, (size_t)(2 * batch + n_blocks) * 4));
-	BCHECK(cudaMemcpy(d_ints, h_pos, batch * 4, cudaMemcpyHostToDevice));
-	BCHECK(cudaMemcpy(d_ints + batch, h_seq, batch * 4, cudaMemcpyHostToDevice));
-	BCHECK(cudaMemcpy(d_ints + 2 * batch, h_bt, (size_t)n_blocks * 4,
+	SM70_BENCH_CHECK(cudaMalloc(&d_ints, (size_t)(2 * batch + n_blocks) * 4));
+	SM70_BENCH_CHECK(cudaMemcpy(d_ints, h_pos, batch * 4, cudaMemcpyHostToDevice));
+	SM70_BENCH_CHECK(cudaMemcpy(d_ints + batch, h_seq, batch * 4, cudaMemcpyHostToDevice));
+	SM70_BENCH_CHECK(cudaMemcpy(d_ints + 2 * batch, h_bt, (size_t)n_blocks * 4,
 			  cudaMemcpyHostToDevice));
 
 	a->lay = (struct sm70_kv_layout){ fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, n_blocks, bs,
@@ -462,8 +443,8 @@ extern "C" int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int 
 	for (int i = 0; i < a->ncopies; i++) {
 		a->kv[i].k_scale = 0.05f;
 		a->kv[i].v_scale = 0.04f;
-		BCHECK(cudaMalloc(&a->kv[i].k, cache));
-		BCHECK(cudaMalloc(&a->kv[i].v, cache));
+		SM70_BENCH_CHECK(cudaMalloc(&a->kv[i].k, cache));
+		SM70_BENCH_CHECK(cudaMalloc(&a->kv[i].v, cache));
 		if (fp8)
 			ret = fill_e4m3(a->kv[i].k, cache, 31 * i + 1) ||
 			      fill_e4m3(a->kv[i].v, cache, 31 * i + 2);
@@ -475,8 +456,8 @@ extern "C" int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int 
 			goto out;
 		}
 	}
-	BCHECK(cudaMalloc(&a->q, (size_t)batch * a->q_ld * 2));
-	BCHECK(cudaMalloc(&a->out, (size_t)batch * n_heads * D * 2));
+	SM70_BENCH_CHECK(cudaMalloc(&a->q, (size_t)batch * a->q_ld * 2));
+	SM70_BENCH_CHECK(cudaMalloc(&a->out, (size_t)batch * n_heads * D * 2));
 	ret = fill_f16(a->q, (size_t)batch * a->q_ld, 99, 2.0f);
 	if (ret)
 		goto out;
@@ -573,8 +554,8 @@ extern "C" int sm70__bench_prefill(int n_heads, int n_kv, int D, int fp8, int ch
 		bt[i] = bt[j];
 		bt[j] = t;
 	}
-	BCHECK(cudaMalloc(&d_ints, n_ints * 4));
-	BCHECK(cudaMemcpy(d_ints, h, n_ints * 4, cudaMemcpyHostToDevice));
+	SM70_BENCH_CHECK(cudaMalloc(&d_ints, n_ints * 4));
+	SM70_BENCH_CHECK(cudaMemcpy(d_ints, h, n_ints * 4, cudaMemcpyHostToDevice));
 
 	a->lay = (struct sm70_kv_layout){ fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, n_blocks, bs,
 					  n_kv, D };
@@ -594,8 +575,8 @@ extern "C" int sm70__bench_prefill(int n_heads, int n_kv, int D, int fp8, int ch
 	for (int i = 0; i < a->ncopies; i++) {
 		a->kv[i].k_scale = 0.05f;
 		a->kv[i].v_scale = 0.04f;
-		BCHECK(cudaMalloc(&a->kv[i].k, cache));
-		BCHECK(cudaMalloc(&a->kv[i].v, cache));
+		SM70_BENCH_CHECK(cudaMalloc(&a->kv[i].k, cache));
+		SM70_BENCH_CHECK(cudaMalloc(&a->kv[i].v, cache));
 		if (fp8)
 			ret = fill_e4m3(a->kv[i].k, cache, 31 * i + 1) ||
 			      fill_e4m3(a->kv[i].v, cache, 31 * i + 2);
@@ -607,8 +588,8 @@ extern "C" int sm70__bench_prefill(int n_heads, int n_kv, int D, int fp8, int ch
 			goto out;
 		}
 	}
-	BCHECK(cudaMalloc(&a->q, (size_t)chunk * a->q_ld * 2));
-	BCHECK(cudaMalloc(&a->out, (size_t)chunk * n_heads * D * 2));
+	SM70_BENCH_CHECK(cudaMalloc(&a->q, (size_t)chunk * a->q_ld * 2));
+	SM70_BENCH_CHECK(cudaMalloc(&a->out, (size_t)chunk * n_heads * D * 2));
 	ret = fill_f16(a->q, (size_t)chunk * a->q_ld, 99, 2.0f);
 	if (ret)
 		goto out;

@@ -19,32 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/bench_util.h"
 #include "kernels/cuda/cuda_check.h"
 
 extern "C" {
 #include "kernels/cuda/bench.h"
 }
 
-#define GCHECK(call)                                                                     \
-	do {                                                                             \
-		cudaError_t e_ = (call);                                                 \
-		if (e_ != cudaSuccess) {                                                 \
-			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,    \
-				cudaGetErrorString(e_));                                 \
-			ret = -EIO;                                                      \
-			goto out;                                                        \
-		}                                                                        \
-	} while (0)
-
-static __device__ __forceinline__ uint32_t gb_hash(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	x ^= x >> 33;
-	return (uint32_t)x;
-}
 
 /* f16 (f32 when f32 is set) values uniform in [lo, hi). */
 static __global__ void gb_fill_kernel(void *p, size_t n, uint64_t seed, float lo, float hi,
@@ -52,7 +33,7 @@ static __global__ void gb_fill_kernel(void *p, size_t n, uint64_t seed, float lo
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
-		const float u = (float)(gb_hash(seed + i) >> 8) * 0x1p-24f;
+		const float u = (float)(sm70__bench_hash(seed + i) >> 8) * 0x1p-24f;
 		const float v = lo + (hi - lo) * u;
 
 		if (f32)
@@ -89,18 +70,18 @@ static int gb_time(struct sm70_backend *be, gb_launch_fn launch, void *ctx, int 
 
 	if (!t)
 		return -ENOMEM;
-	GCHECK(cudaEventCreate(&e0));
-	GCHECK(cudaEventCreate(&e1));
+	SM70_BENCH_CHECK(cudaEventCreate(&e0));
+	SM70_BENCH_CHECK(cudaEventCreate(&e1));
 	for (int it = -3; it < iters; it++) {
 		float ms = 0.0f;
 
-		GCHECK(cudaEventRecord(e0, c->stream));
+		SM70_BENCH_CHECK(cudaEventRecord(e0, c->stream));
 		ret = launch(ctx);
 		if (ret)
 			goto out;
-		GCHECK(cudaEventRecord(e1, c->stream));
-		GCHECK(cudaEventSynchronize(e1));
-		GCHECK(cudaEventElapsedTime(&ms, e0, e1));
+		SM70_BENCH_CHECK(cudaEventRecord(e1, c->stream));
+		SM70_BENCH_CHECK(cudaEventSynchronize(e1));
+		SM70_BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
 		if (it >= 0)
 			t[it] = (double)ms * 1e3 / per;
 	}
@@ -135,12 +116,12 @@ static int gb_layer_make(cudaStream_t s, struct gb_layer *g, int n_k, int n_v, i
 	memset(g, 0, sizeof(*g));
 	g->lay = (struct sm70_state_layout){ n_slots, 4, 2 * n_k * dk + n_v * dv, n_k, n_v, dk, dv };
 	g->ba_ld = 2 * n_v;
-	GCHECK(cudaMalloc(&g->st.ssm, (size_t)(n_slots + 1) * per_slot * 4));
-	GCHECK(cudaMalloc(&g->qkv, (size_t)tokens * g->lay.conv_dim * 2));
-	GCHECK(cudaMalloc(&g->ba, (size_t)tokens * g->ba_ld * 2));
-	GCHECK(cudaMalloc(&g->out, (size_t)tokens * n_v * dv * 2));
-	GCHECK(cudaMalloc(&g->a_log, (size_t)n_v * 4));
-	GCHECK(cudaMalloc(&g->dt, (size_t)n_v * 4));
+	SM70_BENCH_CHECK(cudaMalloc(&g->st.ssm, (size_t)(n_slots + 1) * per_slot * 4));
+	SM70_BENCH_CHECK(cudaMalloc(&g->qkv, (size_t)tokens * g->lay.conv_dim * 2));
+	SM70_BENCH_CHECK(cudaMalloc(&g->ba, (size_t)tokens * g->ba_ld * 2));
+	SM70_BENCH_CHECK(cudaMalloc(&g->out, (size_t)tokens * n_v * dv * 2));
+	SM70_BENCH_CHECK(cudaMalloc(&g->a_log, (size_t)n_v * 4));
+	SM70_BENCH_CHECK(cudaMalloc(&g->dt, (size_t)n_v * 4));
 	/* |S| ~ 0.5, q k v in [-1, 1), b in [-3, 3), a in [-4, 2), A in [1, 2.7), dt_bias
 	 * in [-1, 1): decays from about 0.9 to 0.1 a token */
 	ret = gb_fill(s, g->st.ssm, (size_t)(n_slots + 1) * per_slot, 11, -0.5f, 0.5f, 1) ||
@@ -217,7 +198,7 @@ extern "C" int sm70__bench_gdn_decode(int n_k_heads, int n_v_heads, int k_dim, i
 	if (!d)
 		return -ENOMEM;
 	d->be = be;
-	GCHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, c->device));
+	SM70_BENCH_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, c->device));
 	d->ncopies = (int)(3.0 * l2 / (batch * per_slot)) + 1;
 	if (d->ncopies < 2)
 		d->ncopies = 2;
@@ -240,8 +221,9 @@ extern "C" int sm70__bench_gdn_decode(int n_k_heads, int n_v_heads, int k_dim, i
 		for (int k = 0; k < d->ncopies; k++)
 			h[(2 + k) * batch + s] = k * batch + s;
 	}
-	GCHECK(cudaMalloc(&ints, (size_t)(2 + d->ncopies) * batch * 4));
-	GCHECK(cudaMemcpy(ints, h, (size_t)(2 + d->ncopies) * batch * 4, cudaMemcpyHostToDevice));
+	SM70_BENCH_CHECK(cudaMalloc(&ints, (size_t)(2 + d->ncopies) * batch * 4));
+	SM70_BENCH_CHECK(cudaMemcpy(ints, h, (size_t)(2 + d->ncopies) * batch * 4,
+				    cudaMemcpyHostToDevice));
 	for (int k = 0; k < d->ncopies; k++)
 		d->b[k] = (struct sm70_batch){ .n_tokens = batch, .n_seqs = batch, .max_blocks = 1,
 					       .max_pos = 1000 + 37 * batch, .tok_ids = ints,
@@ -253,7 +235,7 @@ extern "C" int sm70__bench_gdn_decode(int n_k_heads, int n_v_heads, int k_dim, i
 	ret = gb_time(be, gb_decode_eager, d, d->per, iters, &out->us_eager);
 	if (ret)
 		goto out;
-	GCHECK(cudaStreamSynchronize(c->stream));
+	SM70_BENCH_CHECK(cudaStreamSynchronize(c->stream));
 	ret = be->ops->graph_begin(be);
 	if (ret)
 		goto out;
@@ -366,8 +348,8 @@ extern "C" int sm70__bench_gdn_prefill(int n_k_heads, int n_v_heads, int k_dim, 
 	for (int t = 0; t < tokens; t++)
 		h[t] = 1000 + t;
 	h[2 * tokens + 2] = tokens;
-	GCHECK(cudaMalloc(&ints, ((size_t)2 * tokens + 3) * 4));
-	GCHECK(cudaMemcpy(ints, h, ((size_t)2 * tokens + 3) * 4, cudaMemcpyHostToDevice));
+	SM70_BENCH_CHECK(cudaMalloc(&ints, ((size_t)2 * tokens + 3) * 4));
+	SM70_BENCH_CHECK(cudaMemcpy(ints, h, ((size_t)2 * tokens + 3) * 4, cudaMemcpyHostToDevice));
 	p->chunk = (struct sm70_batch){ .n_tokens = tokens, .n_seqs = 1, .max_blocks = 1,
 					.max_pos = 1000 + tokens, .tok_ids = ints + tokens,
 					.tok_pos = ints, .tok_seq = ints + tokens,
@@ -387,19 +369,20 @@ extern "C" int sm70__bench_gdn_prefill(int n_k_heads, int n_v_heads, int k_dim, 
 		ret = -ENOMEM;
 		goto out;
 	}
-	GCHECK(cudaMemcpyAsync(s0, p->g.st.ssm, per_slot * 4, cudaMemcpyDeviceToHost, c->stream));
-	GCHECK(cudaStreamSynchronize(c->stream));
+	SM70_BENCH_CHECK(cudaMemcpyAsync(s0, p->g.st.ssm, per_slot * 4, cudaMemcpyDeviceToHost,
+					 c->stream));
+	SM70_BENCH_CHECK(cudaStreamSynchronize(c->stream));
 	for (int k = 0; k < 2; k++) {
-		GCHECK(cudaMemcpyAsync(p->g.st.ssm, s0, per_slot * 4, cudaMemcpyHostToDevice,
+		SM70_BENCH_CHECK(cudaMemcpyAsync(p->g.st.ssm, s0, per_slot * 4, cudaMemcpyHostToDevice,
 				       c->stream));
 		p->chunked = k == 0;
 		ret = gb_prefill_chunk(p);
 		if (ret)
 			goto out;
-		GCHECK(cudaMemcpyAsync(o16, p->g.out, n_out * 2, cudaMemcpyDeviceToHost, c->stream));
-		GCHECK(cudaMemcpyAsync(res[k] + n_out, p->g.st.ssm, per_slot * 4,
+		SM70_BENCH_CHECK(cudaMemcpyAsync(o16, p->g.out, n_out * 2, cudaMemcpyDeviceToHost, c->stream));
+		SM70_BENCH_CHECK(cudaMemcpyAsync(res[k] + n_out, p->g.st.ssm, per_slot * 4,
 				       cudaMemcpyDeviceToHost, c->stream));
-		GCHECK(cudaStreamSynchronize(c->stream));
+		SM70_BENCH_CHECK(cudaStreamSynchronize(c->stream));
 		gb_half_to_float(res[k], o16, n_out);
 	}
 	out->rel_out = gb_rel(res[0], res[1], n_out);
@@ -415,7 +398,7 @@ extern "C" int sm70__bench_gdn_prefill(int n_k_heads, int n_v_heads, int k_dim, 
 		goto out;
 
 	/* the same tokens one decode call each, captured into one graph */
-	GCHECK(cudaStreamSynchronize(c->stream));
+	SM70_BENCH_CHECK(cudaStreamSynchronize(c->stream));
 	ret = be->ops->graph_begin(be);
 	if (ret)
 		goto out;

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/bench_util.h"
 #include "kernels/cuda/cuda_check.h"
 
 extern "C" {
@@ -30,33 +31,13 @@ extern "C" {
 
 #define MB_ROUTES 16
 
-#define MCHECK(call)                                                                     \
-	do {                                                                             \
-		cudaError_t e_ = (call);                                                 \
-		if (e_ != cudaSuccess) {                                                 \
-			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,    \
-				cudaGetErrorString(e_));                                 \
-			ret = -EIO;                                                      \
-			goto out;                                                        \
-		}                                                                        \
-	} while (0)
-
-static __device__ __forceinline__ uint32_t mb_hash(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	x ^= x >> 33;
-	return (uint32_t)x;
-}
 
 /* f16 (f32 when f32 is set) values uniform in [-amp, amp). */
 static __global__ void mb_fill_kernel(void *p, size_t n, uint64_t seed, float amp, int f32)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
-		const float u = (float)(mb_hash(seed + i) >> 8) * 0x1p-24f;
+		const float u = (float)(sm70__bench_hash(seed + i) >> 8) * 0x1p-24f;
 		const float v = (2.0f * u - 1.0f) * amp;
 
 		if (f32)
@@ -119,8 +100,8 @@ static int mb_time(struct mb_ctx *m, mb_op op, int graph, int iters, double *us)
 
 	if (!t)
 		return -ENOMEM;
-	MCHECK(cudaEventCreate(&e0));
-	MCHECK(cudaEventCreate(&e1));
+	SM70_BENCH_CHECK(cudaEventCreate(&e0));
+	SM70_BENCH_CHECK(cudaEventCreate(&e1));
 	if (graph) {
 		ret = m->be->ops->graph_begin(m->be);
 		if (ret)
@@ -134,7 +115,7 @@ static int mb_time(struct mb_ctx *m, mb_op op, int graph, int iters, double *us)
 	for (int it = -3; it < iters; it++) {
 		float ms = 0.0f;
 
-		MCHECK(cudaEventRecord(e0, c->stream));
+		SM70_BENCH_CHECK(cudaEventRecord(e0, c->stream));
 		if (graph) {
 			ret = m->be->ops->graph_launch(m->be, g);
 			if (ret)
@@ -143,9 +124,9 @@ static int mb_time(struct mb_ctx *m, mb_op op, int graph, int iters, double *us)
 			for (int i = 0; i < MB_ROUTES; i++)
 				op(m, i);
 		}
-		MCHECK(cudaEventRecord(e1, c->stream));
-		MCHECK(cudaEventSynchronize(e1));
-		MCHECK(cudaEventElapsedTime(&ms, e0, e1));
+		SM70_BENCH_CHECK(cudaEventRecord(e1, c->stream));
+		SM70_BENCH_CHECK(cudaEventSynchronize(e1));
+		SM70_BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
 		if (it >= 0)
 			t[it] = (double)ms * 1e3 / MB_ROUTES;
 	}
@@ -176,9 +157,9 @@ static int mb_out(struct mb_ctx *m, int path, int variant, float *dst)
 		return -ENOMEM;
 	sm70__cuda_moe_tune(path, variant, 0);
 	mb_experts(m, 0);
-	MCHECK(cudaMemcpyAsync(h, m->out, count * sizeof(__half), cudaMemcpyDeviceToHost,
+	SM70_BENCH_CHECK(cudaMemcpyAsync(h, m->out, count * sizeof(__half), cudaMemcpyDeviceToHost,
 			       c->stream));
-	MCHECK(cudaStreamSynchronize(c->stream));
+	SM70_BENCH_CHECK(cudaStreamSynchronize(c->stream));
 	for (size_t i = 0; i < count; i++)
 		dst[i] = __half2float(h[i]);
 	ret = c->sticky;
@@ -210,15 +191,15 @@ extern "C" int sm70__bench_moe(int hidden, int inter, int n_experts, int top_k, 
 	m.E = n_experts;
 	m.gu = (struct sm70_experts){ SM70_DTYPE_F16, n_experts, 2 * inter, hidden, NULL };
 	m.dn = (struct sm70_experts){ SM70_DTYPE_F16, n_experts, hidden, inter, NULL };
-	MCHECK(cudaMalloc(&m.gu.data, ngu * sizeof(__half)));
-	MCHECK(cudaMalloc(&m.dn.data, ndn * sizeof(__half)));
-	MCHECK(cudaMalloc(&m.ints, MB_ROUTES * per_route * sizeof(int32_t)));
-	MCHECK(cudaMalloc(&m.rw, MB_ROUTES * nk * sizeof(float)));
-	MCHECK(cudaMalloc(&m.logits, MB_ROUTES * (size_t)batch * n_experts * sizeof(float)));
-	MCHECK(cudaMalloc(&m.x, (size_t)batch * hidden * sizeof(__half)));
-	MCHECK(cudaMalloc(&m.mid, nk * inter * sizeof(__half)));
-	MCHECK(cudaMalloc(&m.part, nk * hidden * sizeof(float)));
-	MCHECK(cudaMalloc(&m.out, (size_t)batch * hidden * sizeof(__half)));
+	SM70_BENCH_CHECK(cudaMalloc(&m.gu.data, ngu * sizeof(__half)));
+	SM70_BENCH_CHECK(cudaMalloc(&m.dn.data, ndn * sizeof(__half)));
+	SM70_BENCH_CHECK(cudaMalloc(&m.ints, MB_ROUTES * per_route * sizeof(int32_t)));
+	SM70_BENCH_CHECK(cudaMalloc(&m.rw, MB_ROUTES * nk * sizeof(float)));
+	SM70_BENCH_CHECK(cudaMalloc(&m.logits, MB_ROUTES * (size_t)batch * n_experts * sizeof(float)));
+	SM70_BENCH_CHECK(cudaMalloc(&m.x, (size_t)batch * hidden * sizeof(__half)));
+	SM70_BENCH_CHECK(cudaMalloc(&m.mid, nk * inter * sizeof(__half)));
+	SM70_BENCH_CHECK(cudaMalloc(&m.part, nk * hidden * sizeof(float)));
+	SM70_BENCH_CHECK(cudaMalloc(&m.out, (size_t)batch * hidden * sizeof(__half)));
 	/* weights as a checkpoint's: dots of O(1) */
 	if ((ret = mb_fill(c->stream, m.gu.data, ngu, 11, sqrtf(3.0f / hidden), 0)) ||
 	    (ret = mb_fill(c->stream, m.dn.data, ndn, 12, sqrtf(3.0f / inter), 0)) ||
@@ -236,9 +217,9 @@ extern "C" int sm70__bench_moe(int hidden, int inter, int n_experts, int top_k, 
 	for (int r = 0; r < MB_ROUTES; r++) {
 		int32_t nu = 0;
 
-		MCHECK(cudaMemcpyAsync(&nu, m.r[r].n_used, sizeof(nu), cudaMemcpyDeviceToHost,
+		SM70_BENCH_CHECK(cudaMemcpyAsync(&nu, m.r[r].n_used, sizeof(nu), cudaMemcpyDeviceToHost,
 				       c->stream));
-		MCHECK(cudaStreamSynchronize(c->stream));
+		SM70_BENCH_CHECK(cudaStreamSynchronize(c->stream));
 		out->experts += (double)nu / MB_ROUTES;
 	}
 	out->bytes = out->experts * expert_bytes;
