@@ -162,6 +162,46 @@ struct sm70_sample_row {
 	uint64_t n;
 };
 
+/*
+ * qwen4_exp's per-layer n-gram embeddings (PLE): how layer l hashes a token's n-grams
+ * into rows of its table (daemon/engine/ple.c computes the parameters; docs/QWEN4_EXP.md
+ * says where each comes from). mult [ngram], size and offset [(ngram - 1) *
+ * heads_per_ngram] are backend memory; the table is host memory the backend can read
+ * (CUDA: registered, mapped), [rows][row_dim] in table_dtype (f32, f16 or bf16).
+ */
+struct sm70_ple_hash {
+	int ngram;           /* ngram_size N: n-grams of 2..N tokens */
+	int heads_per_ngram;
+	int32_t eos;         /* the token that ends a document and resets the window */
+	const uint64_t *mult;
+	const uint64_t *size;
+	const uint64_t *offset;
+	const void *table;
+	enum sm70_dtype table_dtype;
+	int64_t rows;
+	int row_dim;
+};
+
+/* A depthwise causal convolution with dilation and its per-slot state: state act
+ * [n_slots + 1][(k - 1) * dilation][channels], the slot's newest (k - 1) * dilation
+ * inputs, oldest first; w f32 [channels][k]. */
+struct sm70_dconv {
+	void *state;
+	const float *w;
+	int channels;
+	int k;
+	int dilation;
+};
+
+/* One QSA layer's indexer cache, slot-indexed like the KV cache (struct sm70_kv_layer):
+ * keys f32 [slots][dim], the raw indexer key of each token; comp f32 [slots][dim], at the
+ * slot of the last token of each complete block of `ratio` tokens, that block's
+ * compressed key. */
+struct sm70_qsa_layer {
+	float *keys;
+	float *comp;
+};
+
 struct sm70_backend;
 
 struct sm70_backend_ops {
@@ -326,6 +366,113 @@ struct sm70_backend_ops {
 	 * out and x act [n][dim], gate f32 (the shared expert's gate logit). */
 	void (*sigmoid_scale_add)(struct sm70_backend *be, void *out, const void *x,
 				  const float *gate, int ld, int n, int dim);
+
+	/*
+	 * qwen4_exp: hyper-connections, PLE and QSA (docs/QWEN4_EXP.md). Optional: NULL
+	 * unless the backend serves qwen4_exp. n tokens; S streams of H values make a
+	 * token's f32 stream row [S * H].
+	 *
+	 * group_rmsnorm: for each row i < n and group g < groups, over dim values:
+	 * y[i][g*dim + j] = x * rsqrt(mean_j(x^2) + eps) * w[g*dim + j], x f32 (x_f32) or
+	 * act, rows groups * dim apart; y act [n][groups * dim]; w f32 [groups * dim].
+	 */
+	void (*group_rmsnorm)(struct sm70_backend *be, void *y, const void *x, int x_f32,
+			      const float *w, int n, int groups, int dim, float eps);
+
+	/* hc_gates: from f (f32, rows ld apart: rank low-rank values, then, when inj is
+	 * not NULL, S inject logits): z (act [n][rank]) = silu(f / S); inj (f32 [n][S]) =
+	 * 2 * sigmoid(f[rank + s] / S). */
+	void (*hc_gates)(struct sm70_backend *be, void *z, float *inj, const float *f, int ld,
+			 int n, int rank, int streams);
+
+	/* hc_combine: y[i][j] (act [n][dim]) = sum_s sigmoid(u[i][s*dim + j]) *
+	 * xn[i][s*dim + j], divided by S (the mean over streams; s ascending in f32); u and
+	 * xn act [n][S * dim]. */
+	void (*hc_combine)(struct sm70_backend *be, void *y, const void *u, const void *xn,
+			   int n, int streams, int dim);
+
+	/* hc_inject: x[i][s*dim + j] (f32 streams) += delta[i][j] (act) * inj[i][s]. */
+	void (*hc_inject)(struct sm70_backend *be, float *x, const void *delta,
+			  const float *inj, int n, int streams, int dim);
+
+	/*
+	 * ngram_hist: hist[t][i] (int32 [n_tokens][n_hist]) = the token at position
+	 * tok_pos[t] - 1 - i of token t's sequence, or -1 before position 0; earlier tokens
+	 * of the same decode or chunk come from the batch, older ones from ctx (int32
+	 * [n_slots + 1][n_hist], a slot's newest n_hist tokens, newest first, through
+	 * b->seq_state). Then each sequence's ctx becomes its newest n_hist tokens (-1 where
+	 * none). A sequence's tokens in a batch are at consecutive positions.
+	 */
+	void (*ngram_hist)(struct sm70_backend *be, int32_t *hist, int32_t *ctx, int n_hist,
+			   const struct sm70_batch *b);
+
+	/*
+	 * ple_embed: out[t] (act [n_tokens][G * row_dim], G = (N - 1) * heads_per_ngram) =
+	 * the table rows of token t's hashed n-grams. With w_0 = tok_ids[t] and, for
+	 * i = 1..N-1, w_i = hist[t][i - 1] when none of hist[t][0..i-1] is -1 or eos, else
+	 * eos: for n = 2..N, m = XOR over i < n of (uint64) w_i * mult[i] (mod 2^64); head
+	 * g = (n - 2) * heads_per_ngram + h takes row m % size[g] + offset[g], copied to
+	 * out[t][g * row_dim ...]. hist as ngram_hist wrote it (n_hist = N - 1).
+	 */
+	void (*ple_embed)(struct sm70_backend *be, void *out, const struct sm70_ple_hash *ph,
+			  const int32_t *hist, const struct sm70_batch *b);
+
+	/* ple_gate: per token i and stream s, g = sum_j kn[i][s*dim + j] * qn[i][s*dim + j]
+	 * / sqrt(dim) (f32), g = sign(g) * sqrt(max(|g|, 1e-6)), and gv[i][s*dim + j] (act
+	 * [n][S * dim]) = sigmoid(g) * v[i * v_ld + j]; kn, qn act [n][S * dim]. */
+	void (*ple_gate)(struct sm70_backend *be, void *gv, const void *kn, const void *qn,
+			 const void *v, int v_ld, int n, int streams, int dim);
+
+	/* ple_conv: x[t][c] (f32 streams, C = dc->channels) += gv[t][c] + silu(conv[t][c]),
+	 * conv[t][c] = sum_j w[c][j] * in[p - (k - 1 - j) * dilation][c] over the sequence's
+	 * inputs in = gvn (act [n_tokens][C]) at positions p = tok_pos[t] and before (from
+	 * the batch or the slot's state; 0 before position 0); the slot then keeps its
+	 * newest (k - 1) * dilation inputs. gv act [n_tokens][C]. */
+	void (*ple_conv)(struct sm70_backend *be, float *x, const void *gv, const void *gvn,
+			 const struct sm70_dconv *dc, const struct sm70_batch *b);
+
+	/* qsa_key_write: row i of k (act, rows ld apart, dim values) to ql->keys at
+	 * b->tok_slot[i], for i < n_tokens. */
+	void (*qsa_key_write)(struct sm70_backend *be, const struct sm70_qsa_layer *ql,
+			      const void *k, int ld, int dim, const struct sm70_batch *b);
+
+	/* qsa_compress: for each token t with (tok_pos[t] + 1) % ratio == 0: the mean (f32)
+	 * of ql->keys at positions p0 = tok_pos[t] + 1 - ratio .. tok_pos[t] of its sequence
+	 * (through its block table; block_size tokens per block), RMS-normed with k_norm
+	 * (f32 [dim]) and eps, rotate-half RoPE on the first rot_dim dims at position p0
+	 * (as head_norm_rope), written to ql->comp at tok_slot[t]. Keys of the same batch
+	 * are already written (qsa_key_write). */
+	void (*qsa_compress)(struct sm70_backend *be, const struct sm70_qsa_layer *ql,
+			     const float *k_norm, float eps, int dim, int ratio, int rot_dim,
+			     double theta, int block_size, const struct sm70_batch *b);
+
+	/*
+	 * qsa_select: for each token t at position p with nb = (p + 1) / ratio complete
+	 * blocks: score[c] = (sum over heads h ascending of relu(q[t][h] . comp(c))) /
+	 * (float)sqrt(dim) in f32 for block c < nb, comp(c) the compressed key at the slot of
+	 * position c * ratio + ratio - 1; the top min(top_blocks, nb) blocks by score (ties:
+	 * the lower block first); sel[t] (int32, rows sel_ld apart) = the positions of the
+	 * chosen blocks' tokens in ascending order, then the tail nb * ratio .. p; n_sel[t]
+	 * their count. q act (rows q_ld apart, n_heads heads of dim, normed and rotated).
+	 * scratch f32 [n_tokens][ceil(b->max_pos / ratio)].
+	 */
+	void (*qsa_select)(struct sm70_backend *be, int32_t *sel, int32_t *n_sel, int sel_ld,
+			   const void *q, int q_ld, const struct sm70_qsa_layer *ql, int n_heads,
+			   int dim, int ratio, int top_blocks, int block_size, float *scratch,
+			   const struct sm70_batch *b);
+
+	/* sparse_attention: as attention, over the positions sel[t][0..n_sel[t]) of token
+	 * t's sequence (ascending, each <= tok_pos[t]) instead of 0..tok_pos[t]. */
+	void (*sparse_attention)(struct sm70_backend *be, void *out, const void *q, int q_ld,
+				 const struct sm70_kv_layer *kv, const struct sm70_kv_layout *lay,
+				 const struct sm70_batch *b, const int32_t *sel,
+				 const int32_t *n_sel, int sel_ld, int n_heads, float scale);
+
+	/* Optional (NULL: host memory the CPU reads directly). Makes host memory
+	 * [p, p + bytes) readable by this backend's ops (a PLE table); 0 or -errno.
+	 * host_unregister undoes it. */
+	int (*host_register)(struct sm70_backend *be, void *p, size_t bytes);
+	void (*host_unregister)(struct sm70_backend *be, void *p);
 
 	/* Optional graph capture (NULL: not supported). Between graph_begin and graph_end the
 	 * ops called are recorded, not run; graph_end returns a handle that graph_launch

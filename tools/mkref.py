@@ -21,6 +21,7 @@ Usage: python3 tools/mkref.py [--out tests/fixtures] [--only NAME] [--device cud
 import argparse
 import json
 import os
+import re
 import shutil
 
 import torch
@@ -157,10 +158,38 @@ FIXTURES = {
                     max_position_embeddings=2048, initializer_range=0.08),
         dtype=torch.bfloat16, shard=None,
         prompts=[5, 120], new_tokens=16, eos=[447]),
+    # The flagship family: hyper-connections (4 streams), QSA sparse attention with an
+    # indexer (2 heads of 32, budget 16 tokens in blocks of 4: four blocks plus the tail),
+    # per-layer n-gram embeddings (PLE) on two DeltaNet layers (one-indexed ids 1 and 3),
+    # MoE 8 experts / 2 per token with a shared expert. The 150-token prompts are far past
+    # the QSA budget, and EOS sits inside them (eos_at) so the n-gram window resets.
+    "qwen4_exp-hc4-qsa-ple": dict(
+        model_type="qwen4_exp_text",
+        config=dict(vocab_size=512, hidden_size=64, moe_intermediate_size=32,
+                    shared_expert_intermediate_size=48, num_experts=8,
+                    num_experts_per_tok=2, num_hidden_layers=5, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
+                    linear_num_value_heads=4, linear_key_head_dim=16,
+                    linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                    layer_types=["linear_attention", "full_attention", "linear_attention",
+                                 "linear_attention", "full_attention"],
+                    hc_count=4, hc_lowrank=16, ple_layer_ids=[1, 3], ple_embed_dim=64,
+                    ple_conv_kernel_size=4, ngram_size=3, heads_per_ngram=2,
+                    ngram_vocab_size_base=500, make_ngram_vocab_size_divisible_by=16,
+                    split_ngram_parts=8, indexer_n_heads=2, indexer_kv_heads=1,
+                    indexer_head_dim=32, indexer_budget=16, indexer_compress_ratio=4,
+                    tie_word_embeddings=False, rms_norm_eps=1e-6,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0,
+                                         partial_rotary_factor=0.25),
+                    max_position_embeddings=2048, initializer_range=0.08),
+        dtype=torch.bfloat16, shard=None,
+        prompts=[2, 9, 40, 150, 150], eos_at=[[], [4], [7, 8, 30], [20, 90], []],
+        new_tokens=16, eos=[511]),
 }
 
 # Norms whose weight is centred on zero (the layer computes x * (1 + w)).
-ZERO_CENTRED = ("qwen3_5_text", "qwen3_5", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe")
+ZERO_CENTRED = ("qwen3_5_text", "qwen3_5", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe",
+                "qwen4_exp_text", "qwen4_exp")
 
 
 def fuse_experts(path):
@@ -168,7 +197,6 @@ def fuse_experts(path):
     proj.weight) as the fused layout (mlp.experts.gate_up_proj [E, 2I, H], gate first;
     mlp.experts.down_proj [E, H, I]) some published checkpoints use, so the loader's
     fused path has a fixture too."""
-    import re
     from safetensors.torch import load_file, save_file
     f = os.path.join(path, "model.safetensors")
     t = load_file(f)
@@ -194,13 +222,17 @@ def perturb_norms(model, gen, zero_centred):
     lives for tens of tokens (transformers' initial A up to 16 forgets it at once)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or re.search(r"\.norm_(key|query|conv)\.weight$|"
+                                                          r"_layernorm\.weight$", name):
                 plain = not zero_centred or name.endswith("linear_attn.norm.weight")
                 p.copy_((1.0 if plain else 0.0) + 0.25 * torch.randn(p.shape, generator=gen))
             elif name.endswith("A_log"):
                 p.copy_(torch.empty(p.shape).uniform_(0.02, 0.8, generator=gen).log())
             elif name.endswith("dt_bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("ple.conv1d.weight"):
+                # transformers starts the PLE convolution at zero; a zero tap would hide it
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
 
 
 def model_classes(spec):
@@ -303,6 +335,8 @@ def build(name, spec, outdir, device):
     with torch.no_grad():
         for n in spec["prompts"]:
             prompt = torch.randint(0, vocab - 8, (n,), generator=gen).tolist()
+            for at in (spec.get("eos_at") or [[]] * len(spec["prompts"]))[len(cases)]:
+                prompt[at] = spec["eos"][0]
             toks, tops, routes = greedy(model, prompt, spec["new_tokens"], spec["eos"], device,
                                         margins)
             margin = min(t[0]["logprob"] - t[1]["logprob"] for t in tops)
