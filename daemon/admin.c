@@ -462,6 +462,8 @@ static json_t *cmd_status(struct sm70__daemon *d)
 		json_object_set_new(r, "state_slots_total", json_integer(st.state_slots_total));
 		json_object_set_new(r, "state_slots_free", json_integer(st.state_slots_free));
 		json_object_set_new(r, "state_bytes", json_integer((json_int_t)st.state_bytes));
+		json_object_set_new(r, "pinned_host_bytes",
+				    json_integer((json_int_t)st.pinned_bytes));
 		json_object_set_new(r, "prefix_cache", json_boolean(!st.prefix_cache_off));
 		if (st.prefix_cache_off)
 			json_object_set_new(r, "prefix_cache_off_reason",

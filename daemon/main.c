@@ -852,6 +852,9 @@ int main(int argc, char **argv)
 	if (st.prefix_cache_off && d.cfg.engine.prefix_cache)
 		sm70__notice("prefix cache off for this %s model: %s", mc->model_type,
 			     st.prefix_cache_off);
+	if (st.pinned_bytes)
+		sm70__notice("n-gram tables: %llu bytes of page-locked host memory",
+			     (unsigned long long)st.pinned_bytes);
 	if (st.state_slots_total)
 		sm70__notice("recurrent state: %d sequence slots, %llu bytes", st.state_slots_total,
 			     (unsigned long long)st.state_bytes);

@@ -285,6 +285,8 @@ int sm70__metrics_render(struct sm70__daemon *d, char *buf, size_t size)
 	       "sequence.", (double)st.state_slots_free);
 	scalar(&o, "sm70_state_bytes", "gauge", "Bytes of recurrent-state memory over all "
 	       "ranks.", (double)st.state_bytes);
+	scalar(&o, "sm70_pinned_host_bytes", "gauge", "Page-locked host memory the model "
+	       "holds (qwen4_exp n-gram tables; 0 for other models).", (double)st.pinned_bytes);
 	scalar(&o, "sm70_step_weight_bytes", "gauge", "Bytes of weights a decode step reads, "
 	       "the experts of MoE layers aside.", (double)st.weight_bytes);
 	scalar(&o, "sm70_step_expert_bytes", "gauge", "Bytes of MoE expert weights the last "

@@ -374,6 +374,12 @@ static void print_status(json_t *r, json_t *prev)
 		printf("state      %lld of %lld sequence slots free, %s (recurrent layers)\n",
 		       inum(r, "state_slots_free"), inum(r, "state_slots_total"), sb);
 	}
+	if (num(r, "pinned_host_bytes") > 0) {
+		char pb[32];
+
+		fmt_bytes(pb, sizeof(pb), num(r, "pinned_host_bytes"));
+		printf("pinned     %s of host memory (n-gram tables)\n", pb);
+	}
 	if (json_is_false(json_object_get(r, "prefix_cache")))
 		printf("prefix     cache off: %s\n", str(r, "prefix_cache_off_reason"));
 	if (prev) {

@@ -23,6 +23,18 @@ static const struct {
 	{ "moe_route", offsetof(struct sm70_backend_ops, moe_route) },
 	{ "moe_experts", offsetof(struct sm70_backend_ops, moe_experts) },
 	{ "sigmoid_scale_add", offsetof(struct sm70_backend_ops, sigmoid_scale_add) },
+	{ "group_rmsnorm", offsetof(struct sm70_backend_ops, group_rmsnorm) },
+	{ "hc_gates", offsetof(struct sm70_backend_ops, hc_gates) },
+	{ "hc_combine", offsetof(struct sm70_backend_ops, hc_combine) },
+	{ "hc_inject", offsetof(struct sm70_backend_ops, hc_inject) },
+	{ "ngram_hist", offsetof(struct sm70_backend_ops, ngram_hist) },
+	{ "ple_embed", offsetof(struct sm70_backend_ops, ple_embed) },
+	{ "ple_gate", offsetof(struct sm70_backend_ops, ple_gate) },
+	{ "ple_conv", offsetof(struct sm70_backend_ops, ple_conv) },
+	{ "qsa_key_write", offsetof(struct sm70_backend_ops, qsa_key_write) },
+	{ "qsa_compress", offsetof(struct sm70_backend_ops, qsa_compress) },
+	{ "qsa_select", offsetof(struct sm70_backend_ops, qsa_select) },
+	{ "sparse_attention", offsetof(struct sm70_backend_ops, sparse_attention) },
 };
 
 /* What any model with mixture-of-experts layers needs besides its family's ops. */
@@ -31,6 +43,14 @@ static const char *const moe_ops[] = { "moe_route", "moe_experts", "sigmoid_scal
 
 static const char *const hybrid_ops[] = { "conv1d_silu", "gdn", "gated_rmsnorm",
 					  "sigmoid_mul", NULL };
+
+/* qwen4_exp: the hybrid ops, hyper-connections, PLE and QSA (its MoE ops come with every
+ * model that has MoE layers) */
+static const char *const qwen4_ops[] = { "conv1d_silu", "gdn", "gated_rmsnorm",
+					 "sigmoid_mul", "group_rmsnorm", "hc_gates",
+					 "hc_combine", "hc_inject", "ngram_hist", "ple_embed",
+					 "ple_gate", "ple_conv", "qsa_key_write", "qsa_compress",
+					 "qsa_select", "sparse_attention", NULL };
 
 #define HYBRID_NO_PREFIX "its recurrent (DeltaNet) state at a cached prefix is not kept"
 
@@ -52,9 +72,10 @@ static const struct sm70_arch_entry arches[] = {
 	  hybrid_ops, SM70_CAP_TP | SM70_CAP_RECURRENT, HYBRID_NO_PREFIX },
 	{ "qwen3_5_moe", SM70_ARCH_QWEN3_5, sm70__parse_qwen3_5, &sm70__arch_qwen3_5, NULL,
 	  hybrid_ops, SM70_CAP_TP | SM70_CAP_RECURRENT, HYBRID_NO_PREFIX },
-	{ "qwen4_exp", SM70_ARCH_QWEN3_5, NULL, NULL,
-	  "hyper-connections, QSA sparse attention, n-gram embeddings and MoE layers", NULL, 0,
-	  NULL },
+	{ "qwen4_exp_text", SM70_ARCH_QWEN4_EXP, sm70__parse_qwen4_exp, &sm70__arch_qwen4_exp,
+	  NULL, qwen4_ops, SM70_CAP_TP | SM70_CAP_RECURRENT, HYBRID_NO_PREFIX },
+	{ "qwen4_exp", SM70_ARCH_QWEN4_EXP, sm70__parse_qwen4_exp, &sm70__arch_qwen4_exp, NULL,
+	  qwen4_ops, SM70_CAP_TP | SM70_CAP_RECURRENT, HYBRID_NO_PREFIX },
 };
 
 #define N_ARCHES (sizeof(arches) / sizeof(arches[0]))

@@ -56,5 +56,7 @@ int sm70__parse_qwen3_moe(const struct sm70__cfg *c, struct sm70_model_config *m
 			  struct sm70_err *err);
 int sm70__parse_qwen3_5(const struct sm70__cfg *c, struct sm70_model_config *mc,
 			struct sm70_err *err);
+int sm70__parse_qwen4_exp(const struct sm70__cfg *c, struct sm70_model_config *mc,
+			  struct sm70_err *err);
 
 #endif

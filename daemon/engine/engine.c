@@ -672,6 +672,7 @@ void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats
 	s->kv_blocks_free = sm70_block_pool_available(&e->pool);
 	s->state_slots_free = e->n_free_slots;
 	s->state_bytes = sm70_model_state_bytes(e->model);
+	s->pinned_bytes = e->model->pinned_bytes;
 	s->kv_bytes = (uint64_t)sm70_model_kv_block_bytes(e->model) * (uint64_t)e->pool.n_blocks;
 	s->prefix_evictions = e->pool.evictions;
 	s->prefix_key_mismatches = e->pool.key_mismatches;

@@ -146,6 +146,7 @@ struct sm70_engine_stats {
 	int state_slots_total;    /* recurrent-state slots (0: the model has no recurrent layers) */
 	int state_slots_free;
 	uint64_t state_bytes;     /* the recurrent state memory, over all ranks */
+	uint64_t pinned_bytes;    /* page-locked host memory of the model (n-gram tables) */
 	const char *prefix_cache_off; /* why prefix caching is off (static text), or NULL */
 };
 

@@ -9,11 +9,13 @@
  * vocabulary rows. The residual stream is replicated and identical on every rank.
  */
 #include "daemon/engine/layers.h"
+#include "daemon/engine/work.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- workspace ---------------------------------------------------------------------- */
 
@@ -32,34 +34,52 @@ static void *carve(struct carver *c, size_t bytes)
 	return p;
 }
 
-/* The buffers of one step on one rank. */
-struct work {
-	float *resid;       /* f32 [T, H] the residual stream */
-	void *y;            /* act [T, H] a block's normed input */
-	void *delta;        /* act [T, H] a block's (partial) update */
-	void *qkv;          /* act [T, qkv_ld] attention projections */
-	void *attn;         /* act [T, Hq * D] attention output */
-	void *gate_up, *mid;/* act [T, 2I], [T, I] MLP */
-	void *gdn_proj;     /* act [T, proj_ld] DeltaNet input projection */
-	void *gdn_conv;     /* act [T, conv_dim] after the convolution */
-	void *gdn_core;     /* act [T, Hv * v_dim] delta-rule output, then gated-normed */
-	float *sel_resid;   /* f32 [S, H] rows that need logits */
-	void *sel_delta, *sel_y;
-	float *router;      /* f32 [T, router_ld] router logits (+ the shared expert's gate) */
-	struct sm70_moe_route route; /* [T * k] each */
-	int32_t *moe_used;  /* [n_layers] distinct experts each MoE layer read last step */
-	void *moe_mid;      /* act [T * k, moe_inter] */
-	float *moe_part;    /* f32 [T * k, H] */
-	void *sh_gate_up, *sh_mid, *sh_out; /* act: the shared expert */
-	int qkv_ld, proj_ld, router_ld;
-};
+/* Elements of a qkv row before the QSA indexer's part: q | k | v (| gate). */
+static int attn_heads_ld(const struct sm70_model *m, int r)
+{
+	const struct sm70_model_rank *rk = &m->rank[r];
+
+	return (rk->q_heads * (m->cfg.attn_gate ? 2 : 1) + 2 * rk->kv_heads) * m->cfg.head_dim;
+}
 
 static int attn_ld(const struct sm70_model *m, int r)
 {
-	const struct sm70_model_rank *rk = &m->rank[r];
-	int D = m->cfg.head_dim;
+	const struct sm70_qwen4_config *q = &m->cfg.q4;
+	int idx = m->cfg.arch == SM70_ARCH_QWEN4_EXP ? (q->idx_heads + 1) * q->idx_dim : 0;
 
-	return (rk->q_heads * (m->cfg.attn_gate ? 2 : 1) + 2 * rk->kv_heads) * D;
+	return attn_heads_ld(m, r) + idx;
+}
+
+/* qwen4_exp's buffers: the streams' mixers, PLE and QSA. */
+static void carve_hc(const struct sm70_model *m, int r, struct carver *cv,
+		     struct sm70__work *w)
+{
+	const struct sm70_model_config *c = &m->cfg;
+	const struct sm70_qwen4_config *q = &c->q4;
+	size_t a = sm70_dtype_size(m->rank[r].be->act_dtype);
+	size_t T = (size_t)m->opts.max_tokens, H = c->hidden_size, SH = (size_t)q->hc * H;
+	size_t ple = q->n_ple > 0, nb = ((size_t)c->max_position + q->idx_ratio - 1) /
+				       q->idx_ratio;
+
+	w->emb = carve(cv, T * H * sizeof(float));
+	w->hc_xn = carve(cv, T * SH * a);
+	w->hc_f = carve(cv, T * (size_t)(q->hc_rank + q->hc) * sizeof(float));
+	w->hc_z = carve(cv, T * (size_t)q->hc_rank * a);
+	w->hc_u = carve(cv, T * SH * a);
+	w->hc_inj = carve(cv, T * (size_t)q->hc * sizeof(float));
+	w->hist = carve(cv, ple * T * (size_t)(q->ngram - 1) * sizeof(int32_t));
+	w->ple_e = carve(cv, ple * T * (size_t)q->ple_dim * a);
+	w->ple_k = carve(cv, ple * T * SH * a);
+	w->ple_kn = carve(cv, ple * T * SH * a);
+	w->ple_qn = carve(cv, ple * T * SH * a);
+	w->ple_gv = carve(cv, ple * T * SH * a);
+	w->ple_gvn = carve(cv, ple * T * SH * a);
+	w->ple_v = carve(cv, ple * T * H * a);
+	w->qsa_sel_ld = q->idx_budget + q->idx_ratio - 1;
+	w->qsa_sel = carve(cv, T * (size_t)w->qsa_sel_ld * sizeof(int32_t));
+	w->qsa_n = carve(cv, T * sizeof(int32_t));
+	w->qsa_scores = carve(cv, T * nb * sizeof(float));
+	w->idx_off = attn_heads_ld(m, r);
 }
 
 static int gdn_proj_ld(const struct sm70_model *m, int r)
@@ -69,26 +89,28 @@ static int gdn_proj_ld(const struct sm70_model *m, int r)
 	return L->conv_dim + L->n_v_heads * L->v_dim + 2 * L->n_v_heads;
 }
 
-static size_t carve_work(const struct sm70_model *m, int r, struct work *w)
+size_t sm70__carve_work(const struct sm70_model *m, int r, struct sm70__work *w)
 {
 	const struct sm70_model_config *c = &m->cfg;
 	const struct sm70_model_rank *rk = &m->rank[r];
 	const struct sm70_state_layout *L = &rk->state_lay;
 	size_t a = sm70_dtype_size(rk->be->act_dtype);
 	size_t T = (size_t)m->opts.max_tokens, S = (size_t)m->opts.max_seqs, H = c->hidden_size;
-	int gdn = c->hybrid.n_gdn_layers > 0;
+	int gdn = c->hybrid.n_gdn_layers > 0, hc = c->arch == SM70_ARCH_QWEN4_EXP;
+	size_t streams = hc ? (size_t)c->q4.hc : 1;
 	struct carver cv = { rk->work, 0 };
 
+	memset(w, 0, sizeof(*w));
 	w->qkv_ld = attn_ld(m, r);
 	w->proj_ld = gdn ? gdn_proj_ld(m, r) : 0;
-	w->resid = carve(&cv, T * H * sizeof(float));
+	w->resid = carve(&cv, T * streams * H * sizeof(float));
 	w->y = carve(&cv, T * H * a);
 	w->qkv = carve(&cv, T * (size_t)w->qkv_ld * a);
 	w->attn = carve(&cv, T * (size_t)rk->q_heads * c->head_dim * a);
 	w->delta = carve(&cv, T * H * a);
 	w->gate_up = carve(&cv, T * 2 * (size_t)rk->inter * a);
 	w->mid = carve(&cv, T * (size_t)rk->inter * a);
-	w->sel_resid = carve(&cv, S * H * sizeof(float));
+	w->sel_resid = carve(&cv, S * streams * H * sizeof(float));
 	w->sel_delta = carve(&cv, S * H * a);
 	w->sel_y = carve(&cv, S * H * a);
 	w->gdn_proj = carve(&cv, gdn ? T * (size_t)w->proj_ld * a : 0);
@@ -112,25 +134,27 @@ static size_t carve_work(const struct sm70_model *m, int r, struct work *w)
 		w->sh_mid = carve(&cv, T * sh * a);
 		w->sh_out = carve(&cv, sh ? T * H * a : 0);
 	}
+	if (hc)
+		carve_hc(m, r, &cv, w);
 	return cv.off;
 }
 
 size_t sm70__decoder_workspace_bytes(const struct sm70_model *m, int r)
 {
-	struct work w;
+	struct sm70__work w;
 
-	return carve_work(m, r, &w);
+	return sm70__carve_work(m, r, &w);
 }
 
 /* ---- blocks ------------------------------------------------------------------------- */
 
-static const struct sm70_layer_weights *layer_of(const struct sm70_model *m, int r, int l)
+const struct sm70_layer_weights *sm70__layer_of(const struct sm70_model *m, int r, int l)
 {
 	return &((const struct sm70_decoder *)m->rank[r].arch_state)->layers[l];
 }
 
 /* Sums the ranks' partial updates (row-parallel outputs) so every rank holds the total. */
-static void reduce_delta(struct sm70_model *m, struct work *w, int T)
+void sm70__reduce_delta(struct sm70_model *m, struct sm70__work *w, int T)
 {
 	void *bufs[SM70_MAX_TP];
 
@@ -145,7 +169,7 @@ static void reduce_delta(struct sm70_model *m, struct work *w, int T)
 
 /* Before a block: the pending update (none before the first block) joins the residual
  * and the block's input is its norm. */
-static void residual_in(struct sm70_model *m, int r, struct work *w, int first,
+static void residual_in(struct sm70_model *m, int r, struct sm70__work *w, int first,
 			const float *norm)
 {
 	struct sm70_backend *be = m->rank[r].be;
@@ -154,16 +178,48 @@ static void residual_in(struct sm70_model *m, int r, struct work *w, int first,
 			     m->rank[r].batch.n_tokens, m->cfg.hidden_size, m->cfg.rms_norm_eps);
 }
 
+/*
+ * QSA (qwen4_exp): the indexer's queries (normed, rotated) and raw key from the same qkv
+ * rows, the key cache and the compressed block keys updated, the blocks each token may
+ * see chosen, and the attention over those positions only.
+ */
+static void qsa_attention(struct sm70_model *m, int r, int l, struct sm70__work *w)
+{
+	const struct sm70_model_config *c = &m->cfg;
+	const struct sm70_qwen4_config *q = &c->q4;
+	struct sm70_model_rank *rk = &m->rank[r];
+	struct sm70_backend *be = rk->be;
+	const struct sm70_backend_ops *op = be->ops;
+	const struct sm70_batch *b = &rk->batch;
+	const struct sm70_attn_weights *A = &sm70__layer_of(m, r, l)->attn;
+	size_t a = sm70_dtype_size(be->act_dtype);
+	char *iq = (char *)w->qkv + (size_t)w->idx_off * a;
+	char *ik = iq + (size_t)q->idx_heads * q->idx_dim * a;
+	int T = b->n_tokens;
+
+	op->head_norm_rope(be, iq, w->qkv_ld, T, q->idx_heads, q->idx_dim, A->idx_q_norm,
+			   c->rms_norm_eps, b->tok_pos, c->rot_dim, c->rope_theta);
+	op->qsa_key_write(be, &rk->qsa[l], ik, w->qkv_ld, q->idx_dim, b);
+	op->qsa_compress(be, &rk->qsa[l], A->idx_k_norm, c->rms_norm_eps, q->idx_dim,
+			 q->idx_ratio, c->rot_dim, c->rope_theta, m->kv_lay.block_size, b);
+	op->qsa_select(be, w->qsa_sel, w->qsa_n, w->qsa_sel_ld, iq, w->qkv_ld, &rk->qsa[l],
+		       q->idx_heads, q->idx_dim, q->idx_ratio, q->idx_budget / q->idx_ratio,
+		       m->kv_lay.block_size, w->qsa_scores, b);
+	op->sparse_attention(be, w->attn, w->qkv, w->qkv_ld, &rk->kv[l], &m->kv_lay, b,
+			     w->qsa_sel, w->qsa_n, w->qsa_sel_ld, rk->q_heads,
+			     1.0f / sqrtf((float)c->head_dim));
+}
+
 /* Rank r's attention of layer l, from its normed input to its (partial) o_proj output in
  * w->delta. Gated attention multiplies the output by sigmoid(gate) first. */
-static void attention_block(struct sm70_model *m, int r, int l, struct work *w)
+void sm70__attention_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
 {
 	const struct sm70_model_config *c = &m->cfg;
 	struct sm70_model_rank *rk = &m->rank[r];
 	struct sm70_backend *be = rk->be;
 	const struct sm70_backend_ops *op = be->ops;
 	const struct sm70_batch *b = &rk->batch;
-	const struct sm70_attn_weights *A = &layer_of(m, r, l)->attn;
+	const struct sm70_attn_weights *A = &sm70__layer_of(m, r, l)->attn;
 	int T = b->n_tokens, D = c->head_dim, Hq = rk->q_heads, Hk = rk->kv_heads;
 	int ld = w->qkv_ld;
 	size_t a = sm70_dtype_size(be->act_dtype);
@@ -182,8 +238,11 @@ static void attention_block(struct sm70_model *m, int r, int l, struct work *w)
 				   b->tok_pos, c->rot_dim, c->rope_theta);
 		op->kv_write(be, &rk->kv[l], &m->kv_lay, k_in, v_in, ld, b->tok_slot, T);
 	}
-	op->attention(be, w->attn, w->qkv, ld, &rk->kv[l], &m->kv_lay, b, Hq,
-		      1.0f / sqrtf((float)D));
+	if (c->arch == SM70_ARCH_QWEN4_EXP)
+		qsa_attention(m, r, l, w);
+	else
+		op->attention(be, w->attn, w->qkv, ld, &rk->kv[l], &m->kv_lay, b, Hq,
+			      1.0f / sqrtf((float)D));
 	if (c->attn_gate)
 		op->sigmoid_mul(be, w->attn, v_in + (size_t)Hk * D * a, ld, T, Hq * D);
 	op->matmul(be, w->delta, 0, w->attn, &A->o, T);
@@ -191,14 +250,14 @@ static void attention_block(struct sm70_model *m, int r, int l, struct work *w)
 
 /* Rank r's Gated DeltaNet of layer l: projections, causal conv with its state, the delta
  * rule with its state, the gated norm, and the (partial) out_proj output in w->delta. */
-static void gdn_block(struct sm70_model *m, int r, int l, struct work *w)
+void sm70__gdn_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
 {
 	struct sm70_model_rank *rk = &m->rank[r];
 	struct sm70_backend *be = rk->be;
 	const struct sm70_backend_ops *op = be->ops;
 	const struct sm70_batch *b = &rk->batch;
 	const struct sm70_state_layout *L = &rk->state_lay;
-	const struct sm70_gdn_weights *G = &layer_of(m, r, l)->gdn;
+	const struct sm70_gdn_weights *G = &sm70__layer_of(m, r, l)->gdn;
 	int T = b->n_tokens, vd = L->n_v_heads * L->v_dim;
 	size_t a = sm70_dtype_size(be->act_dtype);
 	const char *z = (const char *)w->gdn_proj + (size_t)L->conv_dim * a;
@@ -214,12 +273,12 @@ static void gdn_block(struct sm70_model *m, int r, int l, struct work *w)
 }
 
 /* Rank r's MLP of layer l: its (partial) down_proj output in w->delta. */
-static void mlp_block(struct sm70_model *m, int r, int l, struct work *w)
+static void mlp_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
 {
 	struct sm70_model_rank *rk = &m->rank[r];
 	struct sm70_backend *be = rk->be;
 	const struct sm70_backend_ops *op = be->ops;
-	const struct sm70_mlp_weights *M = &layer_of(m, r, l)->mlp;
+	const struct sm70_mlp_weights *M = &sm70__layer_of(m, r, l)->mlp;
 	int T = rk->batch.n_tokens;
 
 	op->matmul(be, w->gate_up, 0, w->y, &M->gate_up, T);
@@ -235,13 +294,13 @@ static void mlp_block(struct sm70_model *m, int r, int l, struct work *w)
 /* Rank r's mixture of experts of layer l: router (+ shared gate) logits in f32, the
  * routing, the chosen experts' SwiGLU MLPs weighted and summed, and the shared expert
  * scaled by sigmoid of its gate; the (partial) sum in w->delta. */
-static void moe_block(struct sm70_model *m, int r, int l, struct work *w)
+static void moe_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
 {
 	const struct sm70_moe_config *c = &m->cfg.moe;
 	struct sm70_model_rank *rk = &m->rank[r];
 	struct sm70_backend *be = rk->be;
 	const struct sm70_backend_ops *op = be->ops;
-	const struct sm70_moe_weights *E = &layer_of(m, r, l)->moe;
+	const struct sm70_moe_weights *E = &sm70__layer_of(m, r, l)->moe;
 	int T = rk->batch.n_tokens, H = m->cfg.hidden_size;
 	struct sm70_moe_route route = w->route;
 
@@ -261,9 +320,17 @@ static void moe_block(struct sm70_model *m, int r, int l, struct work *w)
 			      H);
 }
 
+void sm70__ffn_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
+{
+	if (m->cfg.layer_moe[l])
+		moe_block(m, r, l, w);
+	else
+		mlp_block(m, r, l, w);
+}
+
 /* Rank r's head: the rows that need logits finish the last residual add, the final
  * norm and this rank's slice of the LM head. */
-static void head_block(struct sm70_model *m, int r, struct work *w)
+static void head_block(struct sm70_model *m, int r, struct sm70__work *w)
 {
 	const struct sm70_model_config *c = &m->cfg;
 	struct sm70_model_rank *rk = &m->rank[r];
@@ -286,35 +353,36 @@ static void head_block(struct sm70_model *m, int r, struct work *w)
  */
 void sm70__decoder_forward(struct sm70_model *m)
 {
-	struct work w[SM70_MAX_TP];
+	struct sm70__work w[SM70_MAX_TP];
 	int T = m->rank[0].batch.n_tokens;
 
+	if (m->cfg.arch == SM70_ARCH_QWEN4_EXP) {
+		sm70__hc_forward(m);
+		return;
+	}
 	for (int r = 0; r < m->tp; r++) {
 		struct sm70_model_rank *rk = &m->rank[r];
 		const struct sm70_decoder *d = rk->arch_state;
 
-		carve_work(m, r, &w[r]);
+		sm70__carve_work(m, r, &w[r]);
 		rk->be->ops->embed(rk->be, w[r].resid, &d->embed, rk->batch.tok_ids, T);
 	}
 	for (int l = 0; l < m->cfg.n_layers; l++) {
 		int gdn = m->cfg.layer_kind[l] == SM70_LAYER_GDN;
 
 		for (int r = 0; r < m->tp; r++) {
-			residual_in(m, r, &w[r], l == 0, layer_of(m, r, l)->mixer_norm);
+			residual_in(m, r, &w[r], l == 0, sm70__layer_of(m, r, l)->mixer_norm);
 			if (gdn)
-				gdn_block(m, r, l, &w[r]);
+				sm70__gdn_block(m, r, l, &w[r]);
 			else
-				attention_block(m, r, l, &w[r]);
+				sm70__attention_block(m, r, l, &w[r]);
 		}
-		reduce_delta(m, w, T);
+		sm70__reduce_delta(m, w, T);
 		for (int r = 0; r < m->tp; r++) {
-			residual_in(m, r, &w[r], 0, layer_of(m, r, l)->mlp_norm);
-			if (m->cfg.layer_moe[l])
-				moe_block(m, r, l, &w[r]);
-			else
-				mlp_block(m, r, l, &w[r]);
+			residual_in(m, r, &w[r], 0, sm70__layer_of(m, r, l)->mlp_norm);
+			sm70__ffn_block(m, r, l, &w[r]);
 		}
-		reduce_delta(m, w, T);
+		sm70__reduce_delta(m, w, T);
 	}
 	if (m->rank[0].batch.n_out == 0)
 		return;
@@ -336,10 +404,13 @@ size_t sm70__decoder_weight_bytes(const struct sm70_model *m, int r)
 		n += WBYTES(L->attn.qkv) + WBYTES(L->attn.o) + WBYTES(L->gdn.in_proj) +
 		     WBYTES(L->gdn.out) + WBYTES(L->mlp.gate_up) + WBYTES(L->mlp.down) +
 		     WBYTES(L->moe.router) + WBYTES(L->moe.shared.gate_up) +
-		     WBYTES(L->moe.shared.down);
+		     WBYTES(L->moe.shared.down) + WBYTES(L->hc_attn.mix) + WBYTES(L->hc_attn.up) +
+		     WBYTES(L->hc_mlp.mix) + WBYTES(L->hc_mlp.up) + WBYTES(L->ple.key) +
+		     WBYTES(L->ple.value);
 		/* the experts a decode step reads are counted per step (sm70__expert_bytes) */
 	}
-	return n + WBYTES(d->lm_head);
+	/* the PLE rows a step reads are host memory, not counted here */
+	return n + WBYTES(d->hc_final.mix) + WBYTES(d->hc_final.up) + WBYTES(d->lm_head);
 }
 
 size_t sm70__decoder_expert_bytes(struct sm70_model *m, int r)
@@ -347,12 +418,12 @@ size_t sm70__decoder_expert_bytes(struct sm70_model *m, int r)
 	const struct sm70_decoder *d = m->rank[r].arch_state;
 	struct sm70_backend *be = m->rank[r].be;
 	int32_t *used;
-	struct work w;
+	struct sm70__work w;
 	size_t n = 0;
 
 	if (!m->cfg.moe.n_moe_layers)
 		return 0;
-	carve_work(m, r, &w);
+	sm70__carve_work(m, r, &w);
 	used = calloc((size_t)d->n_layers, sizeof(*used));
 	if (!used || be->ops->download(be, used, w.moe_used, sizeof(*used) * d->n_layers) ||
 	    be->ops->sync(be)) {
@@ -394,12 +465,18 @@ void sm70__decoder_free(struct sm70_model *m, int r, void *state)
 		return;
 	for (int l = 0; l < d->n_layers; l++) {
 		struct sm70_layer_weights *L = &d->layers[l];
-		float *vecs[] = { L->mixer_norm, L->mlp_norm, L->attn.q_norm, L->attn.k_norm,
-				  L->gdn.conv, L->gdn.a_log, L->gdn.dt_bias, L->gdn.norm };
+		void *vecs[] = { L->mixer_norm, L->mlp_norm, L->attn.q_norm, L->attn.k_norm,
+				 L->attn.idx_q_norm, L->attn.idx_k_norm, L->gdn.conv, L->gdn.a_log,
+				 L->gdn.dt_bias, L->gdn.norm, L->hc_attn.norm, L->hc_mlp.norm,
+				 L->ple.norm_key, L->ple.norm_query, L->ple.norm_conv, L->ple.conv,
+				 (void *)L->ple.hash.mult, (void *)L->ple.hash.size,
+				 (void *)L->ple.hash.offset };
 		struct sm70_weight *mats[] = { &L->attn.qkv, &L->attn.o, &L->gdn.in_proj,
 					       &L->gdn.out, &L->mlp.gate_up, &L->mlp.down,
 					       &L->moe.router, &L->moe.shared.gate_up,
-					       &L->moe.shared.down };
+					       &L->moe.shared.down, &L->hc_attn.mix, &L->hc_attn.up,
+					       &L->hc_mlp.mix, &L->hc_mlp.up, &L->ple.key,
+					       &L->ple.value };
 
 		for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++)
 			if (vecs[i])
@@ -410,6 +487,12 @@ void sm70__decoder_free(struct sm70_model *m, int r, void *state)
 		sm70__experts_free(m, r, &L->moe.down);
 	}
 	free(d->layers);
+	if (d->hc_final.norm)
+		be->ops->buf_free(be, d->hc_final.norm);
+	sm70__weight_free(m, r, &d->hc_final.mix);
+	sm70__weight_free(m, r, &d->hc_final.up);
+	if (d->hc_rep)
+		be->ops->buf_free(be, d->hc_rep);
 	if (!d->tied)
 		sm70__weight_free(m, r, &d->lm_head);
 	sm70__weight_free(m, r, &d->embed);
@@ -442,7 +525,7 @@ int sm70__load_decoder(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
 	if (!d)
 		return -ENOMEM;
 	/* checkpoint.c maps model.language_model.* (the VL layouts) to model.* */
-	ret = sm70__load_embed_head(m, r, ck, d, "model.", err);
+	ret = sm70__load_embed_head(m, r, ck, d, "model.", 1, err);
 	for (int l = 0; !ret && l < c->n_layers; l++) {
 		struct sm70_layer_weights *L = &d->layers[l];
 
@@ -468,7 +551,8 @@ int sm70__load_decoder(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
 }
 
 int sm70__load_embed_head(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
-			  struct sm70_decoder *d, const char *prefix, struct sm70_err *err)
+			  struct sm70_decoder *d, const char *prefix, int final_norm,
+			  struct sm70_err *err)
 {
 	const struct sm70_model_config *c = &m->cfg;
 	const struct sm70_model_rank *rk = &m->rank[r];
@@ -499,6 +583,8 @@ int sm70__load_embed_head(struct sm70_model *m, int r, const struct sm70_ckpt *c
 		if (ret)
 			return ret;
 	}
+	if (!final_norm)
+		return 0;
 	return sm70__norm_load(m, r, ck, &d->final_norm, name(n_norm, sizeof(n_norm), prefix,
 							      "norm.weight"), H, err);
 }
@@ -578,7 +664,7 @@ int sm70__load_attention(struct sm70_model *m, int r, const struct sm70_ckpt *ck
 	const struct sm70_model_config *c = &m->cfg;
 	const struct sm70_model_rank *rk = &m->rank[r];
 	int D = c->head_dim, H = c->hidden_size, Hq = rk->q_heads, g = c->attn_gate;
-	char nq[160], nk[160], nv[160], no[160], nqn[160], nkn[160];
+	char nq[160], nk[160], nv[160], no[160], nqn[160], nkn[160], ni[160];
 	struct sm70_weight_part *parts;
 	int n = 0, ret;
 
@@ -596,7 +682,7 @@ int sm70__load_attention(struct sm70_model *m, int r, const struct sm70_ckpt *ck
 	 * q_proj holds [query, gate] per head (2D rows each): the queries are gathered
 	 * first and the gates moved behind v, so q | k | v stay contiguous for the cache
 	 * and the gate is one more band of the same matmul. */
-	parts = calloc((size_t)(2 * Hq + 2), sizeof(*parts));
+	parts = calloc((size_t)(2 * Hq + 3), sizeof(*parts));
 	if (!parts)
 		return -ENOMEM;
 	if (g) {
@@ -614,6 +700,24 @@ int sm70__load_attention(struct sm70_model *m, int r, const struct sm70_ckpt *ck
 	for (int h = 0; g && h < Hq; h++)
 		parts[n++] = (struct sm70_weight_part){ nq, 2 * c->n_heads * D,
 							(rk->q_head0 + h) * 2 * D + D, D };
+	if (c->arch == SM70_ARCH_QWEN4_EXP) {
+		/* QSA: the indexer's queries and key, whole on every rank */
+		int rows = (c->q4.idx_heads + 1) * c->q4.idx_dim;
+
+		name(ni, sizeof(ni), p, "self_attn.indexer.index_qk_proj.weight");
+		parts[n++] = (struct sm70_weight_part){ ni, rows, 0, rows };
+		if ((ret = sm70__norm_load(m, r, ck, &w->idx_q_norm,
+					   name(nqn, sizeof(nqn), p,
+						"self_attn.indexer.q_layernorm.weight"),
+					   c->q4.idx_dim, err)) ||
+		    (ret = sm70__norm_load(m, r, ck, &w->idx_k_norm,
+					   name(nkn, sizeof(nkn), p,
+						"self_attn.indexer.k_layernorm.weight"),
+					   c->q4.idx_dim, err))) {
+			free(parts);
+			return ret;
+		}
+	}
 	ret = sm70__weight_load(m, r, ck, &w->qkv, parts, n, H, 0, H, err);
 	free(parts);
 	if (ret)

@@ -19,10 +19,30 @@
 
 #include "daemon/engine/model.h"
 
-/* Attention: qkv stacks q | k | v (| the output gate when gated), this rank's heads. */
+/* Attention: qkv stacks q | k | v (| the output gate when gated), this rank's heads, and
+ * for QSA (qwen4_exp) then the indexer's queries and key (every rank: replicated), whose
+ * per-head norms are idx_q_norm and idx_k_norm. */
 struct sm70_attn_weights {
 	struct sm70_weight qkv, o;
 	float *q_norm, *k_norm;
+	float *idx_q_norm, *idx_k_norm;
+};
+
+/* A hyper-connection mixer (qwen4_exp): the group norm over the streams, the low-rank
+ * down projection stacked with the stream-inject logits (none in the final mixer), and
+ * the up projection. Replicated on every rank. */
+struct sm70_hc_weights {
+	float *norm;
+	struct sm70_weight mix, up;
+};
+
+/* A layer's n-gram embeddings (qwen4_exp PLE): the hash (its parameter arrays in backend
+ * memory, its table in the model's pinned host memory), key and value projections, the
+ * key / query / conv group norms and the dilated conv. Replicated on every rank. */
+struct sm70_ple_weights {
+	struct sm70_ple_hash hash;
+	struct sm70_weight key, value;
+	float *norm_key, *norm_query, *norm_conv, *conv;
 };
 
 /* Gated DeltaNet: in_proj stacks q | k | v | z | b | a (the conv channels first); conv
@@ -52,13 +72,18 @@ struct sm70_layer_weights {
 	struct sm70_gdn_weights gdn;   /* SM70_LAYER_GDN */
 	struct sm70_mlp_weights mlp;   /* dense layers */
 	struct sm70_moe_weights moe;   /* cfg.layer_moe[l] */
+	struct sm70_hc_weights hc_attn, hc_mlp; /* qwen4_exp */
+	struct sm70_ple_weights ple;   /* qwen4_exp, cfg.q4.ple_index[l] >= 0 */
 };
 
 struct sm70_decoder {
 	struct sm70_weight embed;
 	struct sm70_weight lm_head; /* aliases embed when tied */
 	int tied;
-	float *final_norm;
+	float *final_norm;             /* NULL in qwen4_exp: its final mixer norms */
+	struct sm70_hc_weights hc_final; /* qwen4_exp */
+	int32_t *hc_rep;               /* qwen4_exp: [max_tokens * hc] row i / hc (embedding
+					* rows repeated per stream by gather_rows) */
 	int n_layers;
 	struct sm70_layer_weights *layers;
 };
@@ -84,10 +109,15 @@ struct sm70_decoder *sm70__decoder_new(int n_layers);
 void sm70__decoder_free(struct sm70_model *m, int r, void *state);
 
 /* The shared loads: the embedding (replicated), the LM head (this rank's vocabulary rows,
- * or a view into the embedding when tied) and the final norm; prefix is the text
- * model's name prefix ("model." or "model.language_model."). */
+ * or a view into the embedding when tied) and, with final_norm, the final norm; prefix is
+ * the text model's name prefix ("model." or "model.language_model."). */
 int sm70__load_embed_head(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
-			  struct sm70_decoder *d, const char *prefix, struct sm70_err *err);
+			  struct sm70_decoder *d, const char *prefix, int final_norm,
+			  struct sm70_err *err);
+
+/* Gated DeltaNet of a layer at name prefix p, both checkpoint layouts (qwen3_5.c). */
+int sm70__load_gdn(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
+		   struct sm70_gdn_weights *w, struct sm70_err *err);
 
 /* The dense MLP of layer l at name prefix p ("...layers.L."): column-parallel gate/up,
  * row-parallel down. */

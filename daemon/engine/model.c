@@ -5,6 +5,7 @@
  * are weights.c's, captured decode steps graphs.c's, the layers layers.c's.
  */
 #include "daemon/engine/model_internal.h"
+#include "daemon/engine/ple.h"
 
 #include <errno.h>
 #include <math.h>
@@ -37,11 +38,19 @@ struct sm70__batch_offsets sm70__batch_layout(const struct sm70_model *m)
 	return o;
 }
 
+/* QSA's indexer cache per token and attention layer: raw and compressed keys, f32. */
+static size_t qsa_token_bytes(const struct sm70_model *m)
+{
+	return m->cfg.arch == SM70_ARCH_QWEN4_EXP ? 2 * (size_t)m->cfg.q4.idx_dim * sizeof(float) :
+						    0;
+}
+
 size_t sm70_model_kv_block_bytes(const struct sm70_model *m)
 {
-	return (size_t)m->cfg.n_attn_layers * 2 * (size_t)m->opts.block_size *
-	       (size_t)m->kv_lay.n_kv_heads * (size_t)m->cfg.head_dim *
-	       sm70_dtype_size(m->opts.kv_dtype);
+	return (size_t)m->cfg.n_attn_layers * (size_t)m->opts.block_size *
+	       (2 * (size_t)m->kv_lay.n_kv_heads * (size_t)m->cfg.head_dim *
+			sm70_dtype_size(m->opts.kv_dtype) +
+		qsa_token_bytes(m));
 }
 
 /* One slot of rank r's recurrent layers: conv window (act) and delta-rule state (f32). */
@@ -50,9 +59,13 @@ static size_t rank_slot_bytes(const struct sm70_model *m, int r)
 	const struct sm70_state_layout *L = &m->rank[r].state_lay;
 	size_t act = sm70_dtype_size(m->rank[r].be->act_dtype);
 
+	const struct sm70_qwen4_config *q = &m->cfg.q4;
+	size_t ple = (size_t)(q->ple_conv_k - 1) * q->ngram * q->hc * m->cfg.hidden_size * act;
+
 	return (size_t)m->cfg.hybrid.n_gdn_layers *
-	       ((size_t)(L->conv_k - 1) * L->conv_dim * act +
-		(size_t)L->n_v_heads * L->k_dim * L->v_dim * sizeof(float));
+		       ((size_t)(L->conv_k - 1) * L->conv_dim * act +
+			(size_t)L->n_v_heads * L->k_dim * L->v_dim * sizeof(float)) +
+	       (q->n_ple ? (size_t)q->n_ple * ple + (size_t)(q->ngram - 1) * sizeof(int32_t) : 0);
 }
 
 size_t sm70_model_state_slot_bytes(const struct sm70_model *m)
@@ -82,6 +95,30 @@ static int check_opts(const struct sm70_model_opts *o, struct sm70_err *err)
 	    o->kv_dtype != SM70_DTYPE_F8E4M3)
 		return sm70_errf(err, -EINVAL, "KV cache dtype %s is not supported",
 				 sm70_dtype_name(o->kv_dtype));
+	return 0;
+}
+
+/* QSA's indexer caches of rank r's attention layers, slots tokens each (the pool and the
+ * scratch block, like the KV cache). */
+static int alloc_qsa(struct sm70_model *m, int r, size_t slots, struct sm70_err *err)
+{
+	struct sm70_model_rank *rk = &m->rank[r];
+	struct sm70_backend *be = rk->be;
+	size_t bytes = slots * (size_t)m->cfg.q4.idx_dim * sizeof(float);
+
+	rk->qsa = calloc((size_t)m->cfg.n_layers, sizeof(*rk->qsa));
+	if (!rk->qsa)
+		return -ENOMEM;
+	for (int l = 0; l < m->cfg.n_layers; l++) {
+		if (m->cfg.layer_kind[l] != SM70_LAYER_ATTENTION)
+			continue;
+		rk->qsa[l].keys = be->ops->buf_alloc(be, bytes);
+		rk->qsa[l].comp = be->ops->buf_alloc(be, bytes);
+		if (!rk->qsa[l].keys || !rk->qsa[l].comp)
+			return sm70_errf(err, -ENOMEM, "cannot allocate the QSA indexer cache of "
+					 "layer %d (2 x %zu bytes on %s, rank %d)", l, bytes,
+					 be->name, r);
+	}
 	return 0;
 }
 
@@ -129,6 +166,11 @@ static int alloc_kv(struct sm70_model *m, struct sm70_err *err)
 						 "layer %d (%zu bytes for K and as many for V on %s, "
 						 "rank %d)", l, layer_bytes, be->name, r);
 		}
+		if (qsa_token_bytes(m)) {
+			int ret = alloc_qsa(m, r, (size_t)(n + 1) * m->opts.block_size, err);
+			if (ret)
+				return ret;
+		}
 	}
 	return 0;
 }
@@ -143,6 +185,34 @@ static int zero_fill(struct sm70_backend *be, void *dst, size_t n)
 	for (size_t off = 0; off < n && !ret; off += CHUNK)
 		ret = be->ops->upload(be, (char *)dst + off, zeros, n - off < CHUNK ? n - off : CHUNK);
 	return ret ? ret : be->ops->sync(be);
+}
+
+/* qwen4_exp's PLE state of rank r: each PLE layer's dilated-conv window and the slot's
+ * last ngram - 1 tokens (ngram_hist). */
+static int alloc_ple_state(struct sm70_model *m, int r, size_t slots, struct sm70_err *err)
+{
+	const struct sm70_qwen4_config *q = &m->cfg.q4;
+	struct sm70_model_rank *rk = &m->rank[r];
+	struct sm70_backend *be = rk->be;
+	size_t conv = slots * (size_t)(q->ple_conv_k - 1) * q->ngram * q->hc *
+		      m->cfg.hidden_size * sm70_dtype_size(be->act_dtype);
+	size_t ctx = slots * (size_t)(q->ngram - 1) * sizeof(int32_t);
+	int ret;
+
+	for (int l = 0; l < m->cfg.n_layers; l++) {
+		if (q->ple_index[l] < 0)
+			continue;
+		if (conv && !(rk->state[l].ple = be->ops->buf_alloc(be, conv)))
+			return sm70_errf(err, -ENOMEM, "cannot allocate the PLE state of layer %d "
+					 "(%zu bytes on %s, rank %d)", l, conv, be->name, r);
+		if (conv && (ret = zero_fill(be, rk->state[l].ple, conv)))
+			return sm70_errf(err, ret, "cannot clear the PLE state of layer %d", l);
+	}
+	rk->ngram_ctx = be->ops->buf_alloc(be, ctx);
+	if (!rk->ngram_ctx || (ret = zero_fill(be, rk->ngram_ctx, ctx)))
+		return sm70_errf(err, -ENOMEM, "cannot allocate the n-gram context on %s (rank "
+				 "%d)", be->name, r);
+	return 0;
 }
 
 /*
@@ -194,6 +264,11 @@ static int alloc_state(struct sm70_model *m, struct sm70_err *err)
 			    (ret = zero_fill(be, s->ssm, ssm_bytes)))
 				return sm70_errf(err, ret, "cannot clear the recurrent state of "
 						 "layer %d on %s", l, be->name);
+		}
+		if (m->cfg.q4.n_ple) {
+			int ret = alloc_ple_state(m, r, slots, err);
+			if (ret)
+				return ret;
 		}
 	}
 	return 0;
@@ -409,9 +484,18 @@ void sm70_model_free(struct sm70_model *m)
 			for (int l = 0; l < m->cfg.n_layers; l++) {
 				be->ops->buf_free(be, rk->state[l].conv);
 				be->ops->buf_free(be, rk->state[l].ssm);
+				be->ops->buf_free(be, rk->state[l].ple);
 			}
 			free(rk->state);
 		}
+		if (rk->qsa) {
+			for (int l = 0; l < m->cfg.n_layers; l++) {
+				be->ops->buf_free(be, rk->qsa[l].keys);
+				be->ops->buf_free(be, rk->qsa[l].comp);
+			}
+			free(rk->qsa);
+		}
+		be->ops->buf_free(be, rk->ngram_ctx);
 		be->ops->buf_free(be, rk->shards);
 		be->ops->buf_free(be, rk->sample_out);
 		be->ops->buf_free(be, rk->sample_rows);
@@ -419,6 +503,7 @@ void sm70_model_free(struct sm70_model *m)
 		be->ops->buf_free(be, rk->work);
 		be->ops->buf_free(be, rk->batch_buf);
 	}
+	sm70__pinned_free(m->pinned, m->pinned_bytes);
 	free(m);
 }
 

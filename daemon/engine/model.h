@@ -75,6 +75,8 @@ struct sm70_model_rank {
 	struct sm70_kv_layer *kv;  /* [n_layers]; set for attention layers only */
 	struct sm70_state_layer *state; /* [n_layers]; set for recurrent layers only */
 	struct sm70_state_layout state_lay; /* this rank's share of a recurrent layer */
+	struct sm70_qsa_layer *qsa; /* [n_layers]; QSA indexer caches (qwen4_exp attention) */
+	int32_t *ngram_ctx;        /* qwen4_exp PLE: [n_slots + 1][ngram - 1] (ngram_hist) */
 	struct sm70_batch batch;   /* device copy of the current step */
 	void *batch_buf;           /* backend memory holding the batch arrays */
 	void *work;                /* forward workspace */
@@ -130,6 +132,10 @@ struct sm70_model {
 	 * sm70-bench decode can time what they cost (the tokens are then wrong). */
 	int bench_skip_allreduce;
 	uint64_t clamped_values;   /* weights clamped to the f16 range while loading */
+	/* Page-locked host memory the model owns, shared by every rank (qwen4_exp's n-gram
+	 * tables): registered with each rank's backend by the architecture's load. */
+	void *pinned;
+	size_t pinned_bytes;
 
 	/* Decode-only steps replayed as captured graphs (backends with graph ops, unless
 	 * SM70_GRAPHS=0): one per (padded batch, context bucket), made on first use, one
@@ -256,5 +262,6 @@ void sm70__experts_free(struct sm70_model *m, int r, struct sm70_experts *w);
 
 extern const struct sm70_arch_ops sm70__arch_qwen3;
 extern const struct sm70_arch_ops sm70__arch_qwen3_5;
+extern const struct sm70_arch_ops sm70__arch_qwen4_exp;
 
 #endif

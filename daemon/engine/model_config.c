@@ -396,15 +396,21 @@ static int parse_layer_types(const struct cfg *c, struct sm70_model_config *mc,
 			json_t *e = json_array_get(v, (size_t)l);
 			const char *k = json_is_string(e) ? json_string_value(e) : NULL;
 
-			if (k && strcmp(k, "full_attention") == 0)
+			/* qwen4_exp: every full-attention layer is QSA (transformers renames
+			 * the "full_attention" of real checkpoints) */
+			if (k && (strcmp(k, "full_attention") == 0 ||
+				  (mc->arch == SM70_ARCH_QWEN4_EXP &&
+				   strcmp(k, "qwen_sparse_attention") == 0)))
 				mc->layer_kind[l] = SM70_LAYER_ATTENTION;
 			else if (k && strcmp(k, "linear_attention") == 0)
 				mc->layer_kind[l] = SM70_LAYER_GDN;
 			else
 				return sm70_errf(err, -ENOTSUP, CFG ": '%slayer_types[%d]' %s%s%s is "
 						 "not supported (supported: full_attention, "
-						 "linear_attention)", where, l, k ? "'" : "",
-						 k ? k : "(not a string)", k ? "'" : "");
+						 "linear_attention%s)", where, l, k ? "'" : "",
+						 k ? k : "(not a string)", k ? "'" : "",
+						 mc->arch == SM70_ARCH_QWEN4_EXP ?
+							 ", qwen_sparse_attention" : "");
 		}
 	}
 	for (int l = 0; l < mc->n_layers; l++)
@@ -418,7 +424,9 @@ static int parse_layer_types(const struct cfg *c, struct sm70_model_config *mc,
 
 /* A family's MoE defaults: what transformers assumes for an absent key. */
 struct moe_defaults {
-	int all_sparse;  /* every layer is MoE (qwen3_5_moe): no mlp_only_layers, no step */
+	int all_sparse;  /* every layer is MoE (qwen3_5_moe, qwen4_exp): no mlp_only_layers,
+			  * no step */
+	int keep_renorm; /* all_sparse, but norm_topk_prob is honoured (qwen4_exp) */
 	int experts, top_k, inter, shared_inter; /* shared_inter 0: no shared expert */
 	int renorm;
 };
@@ -446,7 +454,7 @@ static int parse_moe(const struct cfg *c, struct sm70_model_config *mc,
 	     (ret = get_int(c, "decoder_sparse_step", 0, 1, 1, SM70_MAX_LAYERS, &step, err))) ||
 	    (ret = get_bool(c, "norm_topk_prob", d->renorm, &e->renorm, err)))
 		return ret;
-	if (all_sparse)
+	if (all_sparse && !d->keep_renorm)
 		e->renorm = 1; /* qwen3_5_moe always renormalises */
 	if (only && !json_is_array(only))
 		return sm70_errf(err, -EINVAL, CFG ": '%smlp_only_layers' must be an array of "
@@ -490,7 +498,7 @@ static int parse_moe(const struct cfg *c, struct sm70_model_config *mc,
 int sm70__parse_qwen3_moe(const struct cfg *c, struct sm70_model_config *mc,
 			  struct sm70_err *err)
 {
-	static const struct moe_defaults d = { 0, 128, 8, 768, 0, 0 };
+	static const struct moe_defaults d = { 0, 0, 128, 8, 768, 0, 0 };
 	int ret = sm70__parse_qwen3(c, mc, err);
 
 	return ret ? ret : parse_moe(c, mc, &d, err);
@@ -536,12 +544,144 @@ int sm70__parse_qwen3_5(const struct cfg *c, struct sm70_model_config *mc,
 	if (ret)
 		return ret;
 	if (mc->hybrid.fused_proj) { /* qwen3_next: sparse by the rule */
-		static const struct moe_defaults next = { 0, 512, 10, 512, 512, 1 };
+		static const struct moe_defaults next = { 0, 0, 512, 10, 512, 512, 1 };
 		return parse_moe(c, mc, &next, err);
 	}
 	if (strncmp(mc->model_type, "qwen3_5_moe", 11) == 0) {
-		static const struct moe_defaults q35 = { 1, 256, 8, 512, 512, 1 };
+		static const struct moe_defaults q35 = { 1, 0, 256, 8, 512, 512, 1 };
 		return parse_moe(c, mc, &q35, err);
+	}
+	return 0;
+}
+
+/* get_int over a long long range (the n-gram vocabulary base and the seed). */
+static int get_ll(const struct cfg *c, const char *key, long long def, long long lo,
+		  long long hi, long long *out, struct sm70_err *err)
+{
+	const char *where;
+	json_t *v = cfg_get(c, key, &where);
+
+	if (!v) {
+		*out = def;
+		return 0;
+	}
+	if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+		return sm70_errf(err, -EINVAL, CFG ": '%s%s' must be an integer between %lld and "
+				 "%lld", where, key, lo, hi);
+	*out = json_integer_value(v);
+	return 0;
+}
+
+/* ple_layer_ids: one-indexed DeltaNet layers, as a set (transformers sorts and dedups). */
+static int parse_ple_layers(const struct cfg *c, struct sm70_model_config *mc,
+			    struct sm70_err *err)
+{
+	struct sm70_qwen4_config *q = &mc->q4;
+	const char *where;
+	json_t *v = cfg_get(c, "ple_layer_ids", &where);
+	uint8_t on[SM70_MAX_LAYERS] = { 0 };
+
+	for (int l = 0; l < mc->n_layers; l++)
+		q->ple_index[l] = -1;
+	if (v && !json_is_array(v))
+		return sm70_errf(err, -EINVAL, CFG ": '%sple_layer_ids' must be an array of "
+				 "layer ids", where);
+	for (size_t i = 0; v && i < json_array_size(v); i++) {
+		json_t *e = json_array_get(v, i);
+		long long id = json_is_integer(e) ? json_integer_value(e) : 0;
+
+		if (id < 1 || id > mc->n_layers)
+			return sm70_errf(err, -EINVAL, CFG ": '%sple_layer_ids[%zu]' must be a "
+					 "one-indexed layer id in 1..%d", where, i, mc->n_layers);
+		if (mc->layer_kind[id - 1] != SM70_LAYER_GDN)
+			return sm70_errf(err, -EINVAL, CFG ": '%sple_layer_ids[%zu]' (%lld) names "
+					 "an attention layer; PLE is only defined on "
+					 "linear_attention layers", where, i, id);
+		on[id - 1] = 1;
+	}
+	for (int l = 0; l < mc->n_layers; l++)
+		if (on[l])
+			q->ple_index[l] = (int16_t)q->n_ple++;
+	return 0;
+}
+
+int sm70__parse_qwen4_exp(const struct cfg *c, struct sm70_model_config *mc,
+			  struct sm70_err *err)
+{
+	static const struct moe_defaults d = { 1, 1, 512, 10, 512, 512, 1 };
+	static const char *const qsa_keys[] = { "indexer_n_heads", "indexer_kv_heads",
+						"indexer_head_dim", "indexer_budget",
+						"indexer_compress_ratio" };
+	struct sm70_qwen4_config *q = &mc->q4;
+	const char *where;
+	json_t *gate;
+	int kv_heads, ret;
+
+	ret = sm70__parse_qwen3_5(c, mc, err);
+	if (ret)
+		return ret;
+	mc->moe.n_moe_layers = 0;
+	memset(mc->layer_moe, 0, sizeof(mc->layer_moe));
+	ret = parse_moe(c, mc, &d, err);
+	if (ret)
+		return ret;
+	gate = cfg_get(c, "output_gate_type", &where);
+	if (gate && (!json_is_string(gate) || strcmp(json_string_value(gate), "silu")))
+		return sm70_errf(err, -ENOTSUP, CFG ": '%soutput_gate_type' must be \"silu\" "
+				 "(the sigmoid DeltaNet output gate is not implemented)", where);
+	if ((ret = get_int(c, "hc_count", 0, 4, 2, 64, &q->hc, err)) ||
+	    (ret = get_int(c, "hc_lowrank", 0, 320, 1, 1 << 16, &q->hc_rank, err)))
+		return ret;
+	/* QSA: transformers builds an indexer on every attention layer, so the keys are
+	 * required (it fails without them too) */
+	for (size_t i = 0; i < sizeof(qsa_keys) / sizeof(qsa_keys[0]); i++)
+		if (!cfg_get(c, qsa_keys[i], &where))
+			return sm70_errf(err, -EINVAL, CFG ": missing required key '%s' (qwen4_exp "
+					 "attention layers are QSA)", qsa_keys[i]);
+	if ((ret = get_int(c, "indexer_n_heads", 1, 0, 1, 1024, &q->idx_heads, err)) ||
+	    (ret = get_int(c, "indexer_kv_heads", 1, 0, 1, 1, &kv_heads, err)) ||
+	    (ret = get_int(c, "indexer_head_dim", 1, 0, 2, 4096, &q->idx_dim, err)) ||
+	    (ret = get_int(c, "indexer_budget", 1, 0, 1, 1 << 20, &q->idx_budget, err)) ||
+	    (ret = get_int(c, "indexer_compress_ratio", 1, 0, 1, 4096, &q->idx_ratio, err)))
+		return ret;
+	if (q->idx_budget % q->idx_ratio)
+		return sm70_errf(err, -EINVAL, CFG ": 'indexer_budget' (%d) must be a multiple of "
+				 "'indexer_compress_ratio' (%d)", q->idx_budget, q->idx_ratio);
+	if (mc->rot_dim > q->idx_dim)
+		return sm70_errf(err, -EINVAL, CFG ": the attention's RoPE rotates %d dimensions, "
+				 "more than 'indexer_head_dim' (%d)", mc->rot_dim, q->idx_dim);
+	ret = parse_ple_layers(c, mc, err);
+	if (ret)
+		return ret;
+	if ((ret = get_int(c, "ple_embed_dim", 0, mc->hidden_size, 1, 1 << 20, &q->ple_dim,
+			   err)) ||
+	    (ret = get_int(c, "ple_conv_kernel_size", 0, 4, 1, 64, &q->ple_conv_k, err)) ||
+	    (ret = get_int(c, "ngram_size", 0, 3, 2, 16, &q->ngram, err)) ||
+	    (ret = get_int(c, "heads_per_ngram", 0, 8, 1, 1024, &q->heads_per_ngram, err)) ||
+	    (ret = get_ll(c, "ngram_vocab_size_base", 20000000, 2, 1LL << 40, &q->ngram_base,
+			  err)) ||
+	    (ret = get_int(c, "make_ngram_vocab_size_divisible_by", 0, 128, 1, 1 << 20,
+			   &q->ngram_div, err)) ||
+	    (ret = get_ll(c, "seed", 1234, 0, INT64_MAX, &q->seed, err)) ||
+	    (ret = get_int(c, "split_ngram_parts", 0, 512, 1, 1 << 20, &q->split_parts, err)))
+		return ret;
+	if (q->n_ple) {
+		int heads = (q->ngram - 1) * q->heads_per_ngram;
+
+		if (q->ple_dim % heads)
+			return sm70_errf(err, -EINVAL, CFG ": 'ple_embed_dim' (%d) must be a multiple "
+					 "of the n-gram heads ((ngram_size - 1) * heads_per_ngram "
+					 "= %d)", q->ple_dim, heads);
+		json_t *eos = cfg_get(c, "eos_token_id", &where);
+
+		/* config.json's, not generation_config's: the model reads its own config */
+		if (eos && json_is_array(eos))
+			eos = json_array_get(eos, 0);
+		if (!eos || !json_is_integer(eos) || json_integer_value(eos) < 0 ||
+		    json_integer_value(eos) >= mc->vocab_size)
+			return sm70_errf(err, -EINVAL, CFG ": 'eos_token_id' must be a token id when "
+					 "'ple_layer_ids' is set (the n-gram window resets at EOS)");
+		q->ple_eos = (int32_t)json_integer_value(eos);
 	}
 	return 0;
 }

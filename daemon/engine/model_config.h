@@ -22,6 +22,7 @@
 enum sm70_arch {
 	SM70_ARCH_QWEN3 = 1,   /* dense qwen3 */
 	SM70_ARCH_QWEN3_5,     /* qwen3_5 / qwen3_5_text / qwen3_next (dense MLPs): hybrid */
+	SM70_ARCH_QWEN4_EXP,   /* qwen4_exp: hybrid MoE + hyper-connections, QSA, PLE */
 };
 
 /* What a layer's token mixer is (transformers' layer_types). */
@@ -58,6 +59,29 @@ struct sm70_hybrid_config {
 	int n_gdn_layers;
 };
 
+/* qwen4_exp's own fields (docs/QWEN4_EXP.md). */
+struct sm70_qwen4_config {
+	int hc;          /* hc_count: residual streams */
+	int hc_rank;     /* hc_lowrank */
+	/* QSA, on every attention layer */
+	int idx_heads;   /* indexer_n_heads */
+	int idx_dim;     /* indexer_head_dim */
+	int idx_budget;  /* indexer_budget: tokens of complete blocks a query may select */
+	int idx_ratio;   /* indexer_compress_ratio: tokens per compressed block */
+	/* PLE */
+	int n_ple;       /* layers with n-gram embeddings */
+	int16_t ple_index[SM70_MAX_LAYERS]; /* layer l's index in ple_layer_ids order, or -1 */
+	int ple_dim;     /* ple_embed_dim */
+	int ple_conv_k;  /* ple_conv_kernel_size (dilation ngram) */
+	int ngram;       /* ngram_size */
+	int heads_per_ngram;
+	long long ngram_base;  /* ngram_vocab_size_base */
+	int ngram_div;   /* make_ngram_vocab_size_divisible_by */
+	long long seed;
+	int split_parts; /* split_ngram_parts: checkpoint shards of each table */
+	int32_t ple_eos; /* config.json's (first) eos_token_id: where the n-gram window resets */
+};
+
 struct sm70_model_config {
 	enum sm70_arch arch;
 	char model_type[32];
@@ -85,7 +109,8 @@ struct sm70_model_config {
 	uint8_t layer_kind[SM70_MAX_LAYERS]; /* enum sm70_layer_kind per layer */
 	uint8_t layer_moe[SM70_MAX_LAYERS];  /* 1: the layer's MLP is a mixture of experts */
 	struct sm70_moe_config moe;          /* when any layer_moe is set */
-	struct sm70_hybrid_config hybrid;    /* SM70_ARCH_QWEN3_5 only */
+	struct sm70_hybrid_config hybrid;    /* SM70_ARCH_QWEN3_5 and QWEN4_EXP */
+	struct sm70_qwen4_config q4;         /* SM70_ARCH_QWEN4_EXP only */
 };
 
 /* Parses config (and generation_config, may be NULL, which wins for eos_token_id).

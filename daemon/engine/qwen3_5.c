@@ -87,8 +87,8 @@ static int load_in_proj(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
 	return ret;
 }
 
-static int load_gdn(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
-		    struct sm70_gdn_weights *w, struct sm70_err *err)
+int sm70__load_gdn(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
+		   struct sm70_gdn_weights *w, struct sm70_err *err)
 {
 	const struct sm70_gdn_config *g = &m->cfg.hybrid.gdn;
 	const struct sm70_state_layout *L = &m->rank[r].state_lay;
@@ -145,7 +145,7 @@ static int qwen3_5_mixer(struct sm70_model *m, int r, const struct sm70_ckpt *ck
 			 const char *p, int l, struct sm70_layer_weights *w,
 			 struct sm70_err *err)
 {
-	return m->cfg.layer_kind[l] == SM70_LAYER_GDN ? load_gdn(m, r, ck, p, &w->gdn, err) :
+	return m->cfg.layer_kind[l] == SM70_LAYER_GDN ? sm70__load_gdn(m, r, ck, p, &w->gdn, err) :
 							  sm70__load_attention(m, r, ck, p,
 									       &w->attn, err);
 }

@@ -252,9 +252,8 @@ struct bad_case {
 static const struct bad_case bad_cases[] = {
 	{ "{\"model_type\": \"llama\"}", NULL, -ENOTSUP,
 	  "config.json: unsupported model_type 'llama' (supported: qwen3, qwen3_5_text, "
-	  "qwen3_5, qwen3_next, qwen3_moe, qwen3_5_moe_text, qwen3_5_moe)" },
-	{ "{\"model_type\": \"qwen4_exp\"}", NULL, -ENOTSUP,
-	  "model_type 'qwen4_exp' is not supported yet: hyper-connections" },
+	  "qwen3_5, qwen3_next, qwen3_moe, qwen3_5_moe_text, qwen3_5_moe, qwen4_exp_text, "
+	  "qwen4_exp)" },
 	{ "{\"model_type\": \"qwen3_moe\", \"num_experts\": 4, \"num_experts_per_tok\": 5,"
 	  " \"moe_intermediate_size\": 32}", NULL, -EINVAL,
 	  "'num_experts_per_tok' (5) exceeds 'num_experts' (4)" },
@@ -364,6 +363,80 @@ static void test_errors(void **state)
 		      sizeof(bad_cases) / sizeof(bad_cases[0]) + 1);
 }
 
+
+/* The qwen4_exp fixture's own fields, then every field refused by name (patched over the
+ * fixture's config). */
+static void test_qwen4_exp(void **state)
+{
+	static const struct {
+		const char *patch;
+		const char *sub;
+	} bad[] = {
+		{ "{\"indexer_n_heads\": null}", "missing required key 'indexer_n_heads'" },
+		{ "{\"indexer_kv_heads\": 2}", "'indexer_kv_heads' (2) must be between 1 and 1" },
+		{ "{\"indexer_budget\": 18}", "'indexer_budget' (18) must be a multiple of" },
+		{ "{\"indexer_head_dim\": 8}", "more than 'indexer_head_dim' (8)" },
+		{ "{\"ple_layer_ids\": [0]}", "'ple_layer_ids[0]' must be a one-indexed layer id" },
+		{ "{\"ple_layer_ids\": [2]}", "names an attention layer" },
+		{ "{\"ple_layer_ids\": [6]}", "one-indexed layer id in 1..5" },
+		{ "{\"heads_per_ngram\": 3}", "'ple_embed_dim' (64) must be a multiple" },
+		{ "{\"eos_token_id\": null}", "'eos_token_id' must be a token id" },
+		{ "{\"output_gate_type\": \"sigmoid\"}", "'output_gate_type' must be \"silu\"" },
+		{ "{\"hc_count\": 1}", "'hc_count' (1) must be between 2" },
+		{ "{\"layer_types\": [\"linear_attention\", \"qsa\", \"linear_attention\", "
+		  "\"linear_attention\", \"full_attention\"]}", "'layer_types[1]' 'qsa'" },
+	};
+	struct sm70_model_config mc;
+	struct sm70_err e = { { 0 } };
+	json_t *cfg = json_load_file(FIX "qwen4_exp-hc4-qsa-ple/config.json", 0, NULL);
+	const struct sm70_qwen4_config *q = &mc.q4;
+
+	assert_non_null(cfg);
+	if (sm70_model_config_parse(&mc, cfg, NULL, &e))
+		fail_msg("%s", e.msg);
+	assert_int_equal(mc.arch, SM70_ARCH_QWEN4_EXP);
+	assert_int_equal(mc.n_attn_layers, 2);
+	assert_int_equal(mc.layer_kind[1], SM70_LAYER_ATTENTION);
+	assert_int_equal(mc.layer_kind[4], SM70_LAYER_ATTENTION);
+	assert_int_equal(mc.moe.n_moe_layers, 5); /* every layer */
+	assert_int_equal(mc.moe.n_experts, 8);
+	assert_int_equal(mc.moe.top_k, 2);
+	assert_int_equal(mc.moe.shared_inter, 48);
+	assert_true(mc.moe.renorm && mc.zero_centred_norms && mc.attn_gate);
+	assert_int_equal(q->hc, 4);
+	assert_int_equal(q->hc_rank, 16);
+	assert_int_equal(q->idx_heads, 2);
+	assert_int_equal(q->idx_dim, 32);
+	assert_int_equal(q->idx_budget, 16);
+	assert_int_equal(q->idx_ratio, 4);
+	/* one-indexed ids 1 and 3 are layers 0 and 2 */
+	assert_int_equal(q->n_ple, 2);
+	assert_int_equal(q->ple_index[0], 0);
+	assert_int_equal(q->ple_index[1], -1);
+	assert_int_equal(q->ple_index[2], 1);
+	assert_int_equal(q->ple_index[3], -1);
+	assert_int_equal(q->ngram, 3);
+	assert_int_equal(q->heads_per_ngram, 2);
+	assert_int_equal(q->ngram_base, 500);
+	assert_int_equal(q->ple_eos, 511);
+	assert_int_equal(q->split_parts, 8);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		json_t *c2 = json_deep_copy(cfg), *p = load(bad[i].patch);
+		int ret;
+
+		e.msg[0] = '\0'; /* errors keep their first message */
+		assert_int_equal(json_object_update(c2, p), 0);
+		ret = sm70_model_config_parse(&mc, c2, NULL, &e);
+		print_message("  %-40.40s -> %d: %s\n", bad[i].patch, ret, e.msg);
+		assert_true(ret < 0);
+		if (!strstr(e.msg, bad[i].sub))
+			fail_msg("message '%s' lacks '%s'", e.msg, bad[i].sub);
+		json_decref(p);
+		json_decref(c2);
+	}
+	json_decref(cfg);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -373,6 +446,7 @@ int main(void)
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_text_config),
 		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_qwen4_exp),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
