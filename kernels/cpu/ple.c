@@ -253,7 +253,8 @@ static void pconv_token(const struct pconv_job *j, const float *st, int t, int r
 	for (int c = 0; c < n; c++)
 		acc[c] = 0.0f;
 	for (int tap = 0; tap < K; tap++) {
-		const float *restrict in = pconv_input(j, st, t, r, (K - 1 - tap) * dc->dilation, c0);
+		const int m = (K - 1 - tap) * dc->dilation; /* the tap reads position p - m */
+		const float *restrict in = pconv_input(j, st, t, r, m, c0);
 
 		/* a zero input adds nothing (acc never is -0, so no sign can change) */
 		if (!in)

@@ -77,7 +77,8 @@ static __global__ void group_rmsnorm_kernel(__half *y, const T *x, const float *
 	for (int k = lane * V; k < dim; k += 32 * V) {
 		if (V == 4) {
 			const float4 a = load4(xg + k);
-			const __half2 lo = __floats2half2_rn((a.x * inv) * wg[k], (a.y * inv) * wg[k + 1]);
+			const __half2 lo = __floats2half2_rn((a.x * inv) * wg[k],
+							     (a.y * inv) * wg[k + 1]);
 			const __half2 hi = __floats2half2_rn((a.z * inv) * wg[k + 2],
 							     (a.w * inv) * wg[k + 3]);
 			uint2 u;

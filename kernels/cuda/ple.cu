@@ -84,7 +84,8 @@ static __device__ int ple_run_back_warp(const struct ple_batch &b, int t, int mo
 
 	for (int base = 0; base < most; base += 32) {
 		const int m = base + lane + 1;
-		const unsigned out = __ballot_sync(0xffffffffu, !(m <= most && ple_in_run(b, t, m)));
+		const bool in = m <= most && ple_in_run(b, t, m);
+		const unsigned out = __ballot_sync(0xffffffffu, !in);
 
 		if (out)
 			return base + __ffs(out) - 1;
@@ -214,9 +215,11 @@ static __device__ void embed_copy(const struct embed_args &a, __half *o, uint64_
 		if (a.vec) {
 			for (int k = lane; k < D / 4; k += 32) {
 				const float4 v = ((const float4 *)src)[k];
-				const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+				const __half2 lo = __floats2half2_rn(v.x, v.y);
+				const __half2 hi = __floats2half2_rn(v.z, v.w);
 
-				((uint2 *)o)[k] = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
+				((uint2 *)o)[k] = make_uint2(*(const uint32_t *)&lo,
+							     *(const uint32_t *)&hi);
 			}
 		} else {
 			for (int k = lane; k < D; k += 32)
@@ -360,12 +363,12 @@ extern "C" void sm70__cuda_ple_gate(struct sm70_backend *be, void *gv, const voi
 	}
 	if (dim % 2 == 0 && v_ld % 2 == 0 && align % 4 == 0)
 		gate_kernel<2><<<blocks, WARPS * 32, 0, c->stream>>>(
-			(__half *)gv, (const __half *)kn, (const __half *)qn, (const __half *)v, v_ld,
-			(int)items, streams, dim);
+			(__half *)gv, (const __half *)kn, (const __half *)qn, (const __half *)v,
+			v_ld, (int)items, streams, dim);
 	else
 		gate_kernel<1><<<blocks, WARPS * 32, 0, c->stream>>>(
-			(__half *)gv, (const __half *)kn, (const __half *)qn, (const __half *)v, v_ld,
-			(int)items, streams, dim);
+			(__half *)gv, (const __half *)kn, (const __half *)qn, (const __half *)v,
+			v_ld, (int)items, streams, dim);
 	SM70_CUDA_LAUNCHED(be, "ple_gate gate_kernel");
 }
 

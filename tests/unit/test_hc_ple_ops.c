@@ -101,8 +101,10 @@ static void test_group_rmsnorm(void **state)
 				for (int k = 0; k < D; k++)
 					ss += (double)xr[k] * xr[k];
 				inv = 1.0 / sqrt(ss / D + eps);
+				double *r = ref + ((size_t)i * G + g) * D;
+
 				for (int k = 0; k < D; k++)
-					ref[((size_t)i * G + g) * D + k] = xr[k] * inv * w[g * D + k];
+					r[k] = xr[k] * inv * w[g * D + k];
 			}
 		}
 		be->ops->group_rmsnorm(be, y, x, (int)(si & 1), w, n, G, D, eps);
@@ -173,18 +175,27 @@ static void test_hc_combine_inject(void **state)
 			for (int k = 0; k < D; k++) {
 				double acc = 0;
 
-				for (int s = 0; s < S; s++)
-					acc += sigmoid(u[i * row + s * D + k]) * xn[i * row + s * D + k];
+				for (int s = 0; s < S; s++) {
+					const size_t e = i * row + s * D + k;
+
+					acc += sigmoid(u[e]) * xn[e];
+				}
 				ry[(size_t)i * D + k] = acc / S;
 			}
 		}
 		/* the combined row is the injected delta, as in a layer */
 		be->ops->hc_combine(be, y, u, xn, n, S, D);
-		for (int i = 0; i < n; i++)
-			for (int s = 0; s < S; s++)
-				for (int k = 0; k < D; k++)
-					rx[i * row + s * D + k] = (double)x[i * row + s * D + k] +
-								  (double)y[i * D + k] * inj[i * S + s];
+		for (int i = 0; i < n; i++) {
+			for (int s = 0; s < S; s++) {
+				const double g = inj[i * S + s];
+
+				for (int k = 0; k < D; k++) {
+					const size_t e = i * row + s * D + k;
+
+					rx[e] = (double)x[e] + (double)y[i * D + k] * g;
+				}
+			}
+		}
 		be->ops->hc_inject(be, x, y, inj, n, S, D);
 		cmp_vec(&ec, y, ry, (size_t)n * D);
 		cmp_vec(&ei, x, rx, cnt);
@@ -396,7 +407,8 @@ static int check_embed(struct sm70_backend *be, const struct ple_table *pt, cons
 		       const struct tb *tb)
 {
 	const struct sm70_ple_hash *ph = &pt->ph;
-	const int N = ph->ngram, G = (N - 1) * ph->heads_per_ngram, D = ph->row_dim, T = tb->b.n_tokens;
+	const int N = ph->ngram, G = (N - 1) * ph->heads_per_ngram, D = ph->row_dim;
+	const int T = tb->b.n_tokens;
 	float *out = balloc(be, sizeof(float) * (size_t)T * G * D);
 	int past = 0;
 
@@ -486,12 +498,12 @@ static void test_ngram_hist_ple_embed(void **state)
 			for (int i = 0; i < n_hist; i++)
 				ctx[s * n_hist + i] = 1000 + rnd_int(1000);
 		}
-		for (size_t k = 0; k < sizeof(step1) / sizeof(step1[0]); k++)
-			for (int i = 0; i < n_hist; i++)
-				if (step1[k].pos > 0)
-					ctx[step1[k].slot * n_hist + i] =
-						step1[k].pos - 1 - i < 0 ?
-							-1 : seq_toks[step1[k].slot][step1[k].pos - 1 - i];
+		for (size_t k = 0; k < sizeof(step1) / sizeof(step1[0]); k++) {
+			const int slot = step1[k].slot, q0 = step1[k].pos - 1;
+
+			for (int i = 0; i < n_hist && q0 >= 0; i++)
+				ctx[slot * n_hist + i] = q0 - i < 0 ? -1 : seq_toks[slot][q0 - i];
+		}
 		for (int step = 0; step < 3; step++) {
 			struct tb *tb = step == 0 ? tb_new(be, step1, 6, 3, 0) :
 					step == 1 ? tb_new(be, step2, 6, 5, 0) :
@@ -622,11 +634,14 @@ static void conv_new(struct sm70_backend *be, struct conv_case *cc, int C, int K
 		for (size_t k = 0; k < sizeof(step1) / sizeof(step1[0]); k++)
 			if (step1[k].slot == s)
 				p0 = step1[k].pos;
-		for (int q = 0; q < R; q++)
+		for (int q = 0; q < R; q++) {
+			const int p = p0 - R + q; /* the position row q holds */
+
 			for (int c = 0; c < C; c++)
 				st[((size_t)s * R + q) * C + c] =
 					p0 <= 0 ? 1000.0f + rnd(1.0f) :
-					p0 - R + q < 0 ? 0.0f : (float)case_in(cc, s, p0 - R + q)[c];
+					p < 0	? 0.0f : (float)case_in(cc, s, p)[c];
+		}
 	}
 }
 
