@@ -143,6 +143,14 @@ static const struct sm70_backend_ops cpu_ops = {
 	.moe_route = sm70__cpu_moe_route,
 	.moe_experts = sm70__cpu_moe_experts,
 	.sigmoid_scale_add = sm70__cpu_sigmoid_scale_add,
+	.group_rmsnorm = sm70__cpu_group_rmsnorm,
+	.hc_gates = sm70__cpu_hc_gates,
+	.hc_combine = sm70__cpu_hc_combine,
+	.hc_inject = sm70__cpu_hc_inject,
+	.ngram_hist = sm70__cpu_ngram_hist,
+	.ple_embed = sm70__cpu_ple_embed,
+	.ple_gate = sm70__cpu_ple_gate,
+	.ple_conv = sm70__cpu_ple_conv,
 };
 
 int sm70_backend_cpu_create(struct sm70_backend **out, int n_threads, struct sm70_err *err)

@@ -253,5 +253,21 @@ void sm70__cpu_moe_experts(struct sm70_backend *be, void *out, const void *x,
 			   float *part);
 void sm70__cpu_sigmoid_scale_add(struct sm70_backend *be, void *out, const void *x,
 				 const float *gate, int ld, int n, int dim);
+void sm70__cpu_group_rmsnorm(struct sm70_backend *be, void *y, const void *x, int x_f32,
+			     const float *w, int n, int groups, int dim, float eps);
+void sm70__cpu_hc_gates(struct sm70_backend *be, void *z, float *inj, const float *f, int ld,
+			int n, int rank, int streams);
+void sm70__cpu_hc_combine(struct sm70_backend *be, void *y, const void *u, const void *xn,
+			  int n, int streams, int dim);
+void sm70__cpu_hc_inject(struct sm70_backend *be, float *x, const void *delta,
+			 const float *inj, int n, int streams, int dim);
+void sm70__cpu_ngram_hist(struct sm70_backend *be, int32_t *hist, int32_t *ctx, int n_hist,
+			  const struct sm70_batch *b);
+void sm70__cpu_ple_embed(struct sm70_backend *be, void *out, const struct sm70_ple_hash *ph,
+			 const int32_t *hist, const struct sm70_batch *b);
+void sm70__cpu_ple_gate(struct sm70_backend *be, void *gv, const void *kn, const void *qn,
+			const void *v, int v_ld, int n, int streams, int dim);
+void sm70__cpu_ple_conv(struct sm70_backend *be, float *x, const void *gv, const void *gvn,
+			const struct sm70_dconv *dc, const struct sm70_batch *b);
 
 #endif

@@ -6,6 +6,7 @@
  * same stream, so every op, upload and download is ordered by the stream alone. Memory is
  * plain cudaMalloc (zeroed, like the CPU backend's). Uploads copy through pinned staging
  * slots so that the caller may free its buffer at once without the stream being drained.
+ * host_register pins and maps host ranges (PLE tables) that kernels then read in place.
  *
  * Graph capture and replay live in graph.cu; the model decides what to capture.
  * Non-goals: multi-stream overlap, memory pools, recovery from a faulted context.
@@ -101,6 +102,81 @@ static int cuda_download(struct sm70_backend *be, void *dst, const void *src, si
 	return c->sticky;
 }
 
+/* cudaHostRegister's failures as -errno; they are answers, not faults of the context. */
+static int host_reg_errno(cudaError_t e)
+{
+	cudaGetLastError();
+	switch (e) {
+	case cudaErrorHostMemoryAlreadyRegistered: return -EEXIST;
+	case cudaErrorMemoryAllocation: return -ENOMEM;
+	case cudaErrorInvalidValue: return -EINVAL;
+	default: return -EIO;
+	}
+}
+
+/* Pins and maps [p, p + bytes) for every device (portable); where the device cannot read
+ * it at p, remembers the mapped device pointer for sm70__cuda_host_ptr. */
+static int cuda_host_register(struct sm70_backend *be, void *p, size_t bytes)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+	void *dev = NULL;
+	cudaError_t e;
+
+	if (!p || !bytes)
+		return -EINVAL;
+	if (!c->host_ptr_direct && c->n_host_regs == SM70__CUDA_HOST_REGS)
+		return -ENOSPC;
+	e = cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+	if (e != cudaSuccess) {
+		fprintf(stderr, "sm70 cuda: host_register of %zu bytes: %s\n", bytes,
+			cudaGetErrorString(e));
+		return host_reg_errno(e);
+	}
+	if (c->host_ptr_direct)
+		return 0;
+	e = cudaHostGetDevicePointer(&dev, p, 0);
+	if (e != cudaSuccess) {
+		fprintf(stderr, "sm70 cuda: host_register: no device pointer: %s\n",
+			cudaGetErrorString(e));
+		cudaHostUnregister(p);
+		return host_reg_errno(e);
+	}
+	c->host_regs[c->n_host_regs++] = (struct sm70__cuda_host_reg){ (const char *)p, bytes,
+								       (const char *)dev };
+	return 0;
+}
+
+/* Waits for the stream first: queued ops may still read the range. */
+static void cuda_host_unregister(struct sm70_backend *be, void *p)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+
+	if (!p)
+		return;
+	SM70_CUDA_CHECK(be, cudaStreamSynchronize(c->stream));
+	for (int i = 0; i < c->n_host_regs; i++) {
+		if (c->host_regs[i].host == (const char *)p) {
+			c->host_regs[i] = c->host_regs[--c->n_host_regs];
+			break;
+		}
+	}
+	if (cudaHostUnregister(p) != cudaSuccess)
+		cudaGetLastError(); /* not registered: nothing to undo */
+}
+
+const void *sm70__cuda_host_ptr(const struct sm70__cuda *c, const void *p)
+{
+	const char *q = (const char *)p;
+
+	for (int i = 0; i < c->n_host_regs; i++) {
+		const struct sm70__cuda_host_reg *r = &c->host_regs[i];
+
+		if (q >= r->host && q < r->host + r->bytes)
+			return r->dev + (q - r->host);
+	}
+	return p;
+}
+
 static int cuda_sync(struct sm70_backend *be)
 {
 	struct sm70__cuda *c = sm70__cuda_enter(be);
@@ -169,6 +245,16 @@ static const struct sm70_backend_ops cuda_ops = {
 	.moe_route = sm70__cuda_moe_route,
 	.moe_experts = sm70__cuda_moe_experts,
 	.sigmoid_scale_add = sm70__cuda_sigmoid_scale_add,
+	.group_rmsnorm = sm70__cuda_group_rmsnorm,
+	.hc_gates = sm70__cuda_hc_gates,
+	.hc_combine = sm70__cuda_hc_combine,
+	.hc_inject = sm70__cuda_hc_inject,
+	.ngram_hist = sm70__cuda_ngram_hist,
+	.ple_embed = sm70__cuda_ple_embed,
+	.ple_gate = sm70__cuda_ple_gate,
+	.ple_conv = sm70__cuda_ple_conv,
+	.host_register = cuda_host_register,
+	.host_unregister = cuda_host_unregister,
 	.graph_begin = sm70__cuda_graph_begin,
 	.graph_end = sm70__cuda_graph_end,
 	.graph_launch = sm70__cuda_graph_launch,
@@ -216,6 +302,12 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	c->device = device;
 	c->n_sm = prop.multiProcessorCount;
 	c->smem_optin = prop.sharedMemPerBlockOptin;
+	if (cudaDeviceGetAttribute(&c->host_ptr_direct,
+				   cudaDevAttrCanUseHostPointerForRegisteredMem, device) !=
+	    cudaSuccess) {
+		cudaGetLastError();
+		c->host_ptr_direct = 0; /* unknown: translate, which is right either way */
+	}
 	c->be.priv = c;
 	e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
 	if (e != cudaSuccess) {

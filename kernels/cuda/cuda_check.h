@@ -40,6 +40,17 @@ extern "C" {
 /* cuBLAS workspace, fixed so captured graphs never make cuBLAS allocate */
 #define SM70__CUDA_BLAS_WS_BYTES (32u << 20)
 
+/* Host ranges host_register mapped, remembered only on devices that cannot read a
+ * registered host pointer as it is (cudaDevAttrCanUseHostPointerForRegisteredMem 0):
+ * ple_embed then reads a table through the device pointer of its range. */
+#define SM70__CUDA_HOST_REGS 64
+
+struct sm70__cuda_host_reg {
+	const char *host;
+	size_t bytes;
+	const char *dev;
+};
+
 /* The backend's private state (be->priv). */
 struct sm70__cuda {
 	struct sm70_backend be;
@@ -58,6 +69,9 @@ struct sm70__cuda {
 	void *stage[SM70__CUDA_STAGE_SLOTS];
 	cudaEvent_t stage_done[SM70__CUDA_STAGE_SLOTS];
 	int stage_next;
+	int host_ptr_direct;      /* registered host memory is read through its own address */
+	int n_host_regs;          /* used entries of host_regs (host_ptr_direct 0 only) */
+	struct sm70__cuda_host_reg host_regs[SM70__CUDA_HOST_REGS];
 };
 
 /* The private state of a CUDA backend, with its device made current for this thread (a
@@ -69,6 +83,12 @@ static inline struct sm70__cuda *sm70__cuda_enter(struct sm70_backend *be)
 	cudaSetDevice(c->device);
 	return c;
 }
+
+/* The address kernels read host memory p (in a range host_register mapped) through: p
+ * itself unless the device needs the mapped device pointer. A pointer outside every
+ * remembered range is returned as it is (device memory, say). Defined in
+ * cuda_backend.cu. */
+const void *sm70__cuda_host_ptr(const struct sm70__cuda *c, const void *p);
 
 /* Logs "file:line: call: msg" and records the sticky error in be (be may be NULL while
  * the backend is being made). Defined in cuda_backend.cu. */
