@@ -14,7 +14,9 @@
  * per second only. With --tp N the model is split over N GPUs: the bytes are those of all
  * ranks (KV heads replicated when there are fewer than ranks) and the roofline is N times
  * one GPU's bandwidth. SM70_BENCH_SKIP_ALLREDUCE=1 leaves the all-reduces out (wrong
- * tokens, right shape of work): the difference is their cost per step.
+ * tokens, right shape of work): the difference is their cost per step. QSA models
+ * (qwen4_exp) read only the selected KV blocks, the tail and the compressed keys; their
+ * n-gram rows come from host memory and are not in the HBM roofline.
  *
  * Non-goals: prefill speed, time to first token (sm70-run's timing covers those).
  */
@@ -122,8 +124,19 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 		if (st.state_slots_total)
 			slot = (double)st.state_bytes / (st.state_slots_total + 1);
 		/* mean context over the timed steps */
-		*step_bytes = (double)st.weight_bytes + batch * kv_tok * (ctx + warm + steps / 2.0) +
-			      batch * 2.0 * slot;
+		double pos = ctx + warm + steps / 2.0, seen = pos;
+		if (mc->arch == SM70_ARCH_QWEN4_EXP) {
+			/* QSA reads the selected blocks and the tail of the KV, and every
+			 * complete block's compressed key */
+			const struct sm70_qwen4_config *q = &mc->q4;
+			double nb = (double)(long)(pos / q->idx_ratio);
+			double top = q->idx_budget / q->idx_ratio;
+			seen = (nb < top ? nb : top) * q->idx_ratio + (pos - nb * q->idx_ratio);
+			*step_bytes = batch * (double)mc->n_attn_layers * nb * q->idx_dim * 4.0;
+		} else {
+			*step_bytes = 0;
+		}
+		*step_bytes += (double)st.weight_bytes + batch * kv_tok * seen + batch * 2.0 * slot;
 		/* MoE: the experts the last timed step's routing read (distinct per layer) */
 		*step_bytes += (double)st.expert_bytes;
 	}
