@@ -143,6 +143,10 @@ static const struct sm70_backend_ops cpu_ops = {
 	.moe_route = sm70__cpu_moe_route,
 	.moe_experts = sm70__cpu_moe_experts,
 	.sigmoid_scale_add = sm70__cpu_sigmoid_scale_add,
+	.qsa_key_write = sm70__cpu_qsa_key_write,
+	.qsa_compress = sm70__cpu_qsa_compress,
+	.qsa_select = sm70__cpu_qsa_select,
+	.sparse_attention = sm70__cpu_sparse_attention,
 };
 
 int sm70_backend_cpu_create(struct sm70_backend **out, int n_threads, struct sm70_err *err)
