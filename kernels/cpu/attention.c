@@ -12,6 +12,10 @@
  * recomputes the scores in two passes instead: max first, then exp, sum and the V sum
  * together. Same math, one more pass over K.
  *
+ * The per-(token, head) work is sm70__cpu_attend_head, over positions 0..n-1 here and over
+ * a list of positions for sparse_attention (sparse_attention.c), so that the two give the
+ * same bits when the list is every position.
+ *
  * Non-goals: sliding windows, ALiBi, soft-capping, sinks; speed beyond what the
  * compiler gives plain loops (this is the reference).
  */
@@ -92,71 +96,86 @@ static void kv_axpy(float *restrict out, float p, const void *cache, size_t off,
 	}
 }
 
+/* The cache slot of position p through a sequence's block table. */
+static size_t attn_slot(const int32_t *bt, int bs, int p)
+{
+	return (size_t)bt[p / bs] * bs + p % bs;
+}
+
+void sm70__cpu_attend_head(float *out, const float *q, const struct sm70_kv_layer *kv,
+			   const struct sm70_kv_layout *lay, const int32_t *bt, int kv_head,
+			   const int32_t *pos, int n, float scale, float *scores)
+{
+	const int hd = lay->head_dim, bs = lay->block_size;
+	const enum sm70_dtype t = lay->dtype;
+	const float ks = kv->k_scale, vs = kv->v_scale;
+	const size_t head_off = (size_t)kv_head * hd;
+	const size_t row = (size_t)lay->n_kv_heads * hd;
+	float mx = -INFINITY, norm;
+	double sum = 0.0;
+
+	for (int d = 0; d < hd; d++)
+		out[d] = 0.0f;
+	if (n <= 0)
+		return;
+	if (scores) {
+		for (int i = 0; i < n; i++) {
+			size_t slot = attn_slot(bt, bs, pos ? pos[i] : i);
+			float s = kv_dot(q, kv->k, slot * row + head_off, t, ks, hd) * scale;
+
+			scores[i] = s;
+			mx = s > mx ? s : mx;
+		}
+		for (int i = 0; i < n; i++) {
+			scores[i] = expf(scores[i] - mx);
+			sum += scores[i];
+		}
+		norm = (float)sum;
+		for (int i = 0; i < n; i++) {
+			size_t slot = attn_slot(bt, bs, pos ? pos[i] : i);
+			float pr = scores[i] / norm;
+
+			kv_axpy(out, pr, kv->v, slot * row + head_off, t, vs, hd);
+		}
+		return;
+	}
+	/* Two passes, no scratch: the max, then exp, normaliser and V sum together. */
+	for (int i = 0; i < n; i++) {
+		size_t slot = attn_slot(bt, bs, pos ? pos[i] : i);
+		float s = kv_dot(q, kv->k, slot * row + head_off, t, ks, hd) * scale;
+
+		mx = s > mx ? s : mx;
+	}
+	for (int i = 0; i < n; i++) {
+		size_t slot = attn_slot(bt, bs, pos ? pos[i] : i);
+		float s = kv_dot(q, kv->k, slot * row + head_off, t, ks, hd) * scale;
+		float e = expf(s - mx);
+
+		sum += e;
+		kv_axpy(out, e, kv->v, slot * row + head_off, t, vs, hd);
+	}
+	norm = (float)sum;
+	for (int d = 0; d < hd; d++)
+		out[d] /= norm;
+}
+
 static void attn_tasks(void *ctx, int begin, int end, int thread)
 {
 	const struct attn_job *j = ctx;
-	const struct sm70_kv_layout *lay = j->lay;
 	const struct sm70_batch *b = j->b;
-	const int hd = lay->head_dim, bs = lay->block_size;
-	const int group = j->n_heads / lay->n_kv_heads;
-	const enum sm70_dtype t = lay->dtype;
-	const float ks = j->kv->k_scale, vs = j->kv->v_scale;
+	const int hd = j->lay->head_dim;
+	const int group = j->n_heads / j->lay->n_kv_heads;
 	float *scores = j->scratch ? j->scratch + (size_t)thread * j->stride : NULL;
 
 	for (int task = begin; task < end; task++) {
 		const int tok = task / j->n_heads, h = task % j->n_heads;
 		const int npos = b->tok_pos[tok] + 1;
 		const int32_t *bt = b->block_tables + (size_t)b->tok_seq[tok] * b->max_blocks;
-		const float *q = j->q + (size_t)tok * j->q_ld + (size_t)h * hd;
-		float *out = j->out + ((size_t)tok * j->n_heads + h) * hd;
-		const size_t head_off = (size_t)(h / group) * hd;
-		const size_t row = (size_t)lay->n_kv_heads * hd;
-		float mx = -INFINITY, norm;
-		double sum = 0.0;
 
-		for (int d = 0; d < hd; d++)
-			out[d] = 0.0f;
-		if (scores && (size_t)npos <= j->stride) {
-			for (int p = 0; p < npos; p++) {
-				size_t slot = (size_t)bt[p / bs] * bs + p % bs;
-				float s = kv_dot(q, j->kv->k, slot * row + head_off, t, ks, hd) *
-					  j->scale;
-
-				scores[p] = s;
-				mx = s > mx ? s : mx;
-			}
-			for (int p = 0; p < npos; p++) {
-				scores[p] = expf(scores[p] - mx);
-				sum += scores[p];
-			}
-			norm = (float)sum;
-			for (int p = 0; p < npos; p++) {
-				size_t slot = (size_t)bt[p / bs] * bs + p % bs;
-
-				float pr = scores[p] / norm;
-
-				kv_axpy(out, pr, j->kv->v, slot * row + head_off, t, vs, hd);
-			}
-			continue;
-		}
-		/* Two passes, no scratch: the max, then exp, normaliser and V sum together. */
-		for (int p = 0; p < npos; p++) {
-			size_t slot = (size_t)bt[p / bs] * bs + p % bs;
-			float s = kv_dot(q, j->kv->k, slot * row + head_off, t, ks, hd) * j->scale;
-
-			mx = s > mx ? s : mx;
-		}
-		for (int p = 0; p < npos; p++) {
-			size_t slot = (size_t)bt[p / bs] * bs + p % bs;
-			float s = kv_dot(q, j->kv->k, slot * row + head_off, t, ks, hd) * j->scale;
-			float e = expf(s - mx);
-
-			sum += e;
-			kv_axpy(out, e, j->kv->v, slot * row + head_off, t, vs, hd);
-		}
-		norm = (float)sum;
-		for (int d = 0; d < hd; d++)
-			out[d] /= norm;
+		sm70__cpu_attend_head(j->out + ((size_t)tok * j->n_heads + h) * hd,
+				      j->q + (size_t)tok * j->q_ld + (size_t)h * hd, j->kv, j->lay,
+				      bt, h / group, NULL, npos, j->scale,
+				      (size_t)npos <= j->stride ? scores : NULL);
 	}
 }
 

@@ -151,6 +151,10 @@ static const struct sm70_backend_ops cpu_ops = {
 	.ple_embed = sm70__cpu_ple_embed,
 	.ple_gate = sm70__cpu_ple_gate,
 	.ple_conv = sm70__cpu_ple_conv,
+	.qsa_key_write = sm70__cpu_qsa_key_write,
+	.qsa_compress = sm70__cpu_qsa_compress,
+	.qsa_select = sm70__cpu_qsa_select,
+	.sparse_attention = sm70__cpu_sparse_attention,
 };
 
 int sm70_backend_cpu_create(struct sm70_backend **out, int n_threads, struct sm70_err *err)

@@ -211,6 +211,16 @@ static inline int sm70__cpu_token_slot(const struct sm70_batch *b, int n_slots, 
 	return slot < 0 || slot > n_slots ? -1 : slot;
 }
 
+/*
+ * Attention of one query head q (head_dim floats) over n positions of a sequence whose
+ * block table is bt: positions pos[0..n) (NULL: 0..n-1), KV head kv_head; writes head_dim
+ * floats to out (zeros when n <= 0). scores is scratch of at least n floats, or NULL for
+ * the two-pass form. Defined in attention.c; sparse_attention.c shares it.
+ */
+void sm70__cpu_attend_head(float *out, const float *q, const struct sm70_kv_layer *kv,
+			   const struct sm70_kv_layout *lay, const int32_t *bt, int kv_head,
+			   const int32_t *pos, int n, float scale, float *scores);
+
 void sm70__cpu_embed(struct sm70_backend *be, float *x, const struct sm70_weight *table,
 		     const int32_t *ids, int n);
 void sm70__cpu_add_rmsnorm(struct sm70_backend *be, void *y, float *resid, const void *delta,
@@ -269,5 +279,18 @@ void sm70__cpu_ple_gate(struct sm70_backend *be, void *gv, const void *kn, const
 			const void *v, int v_ld, int n, int streams, int dim);
 void sm70__cpu_ple_conv(struct sm70_backend *be, float *x, const void *gv, const void *gvn,
 			const struct sm70_dconv *dc, const struct sm70_batch *b);
+void sm70__cpu_qsa_key_write(struct sm70_backend *be, const struct sm70_qsa_layer *ql,
+			     const void *k, int ld, int dim, const struct sm70_batch *b);
+void sm70__cpu_qsa_compress(struct sm70_backend *be, const struct sm70_qsa_layer *ql,
+			    const float *k_norm, float eps, int dim, int ratio, int rot_dim,
+			    double theta, int block_size, const struct sm70_batch *b);
+void sm70__cpu_qsa_select(struct sm70_backend *be, int32_t *sel, int32_t *n_sel, int sel_ld,
+			  const void *q, int q_ld, const struct sm70_qsa_layer *ql, int n_heads,
+			  int dim, int ratio, int top_blocks, int block_size, float *scratch,
+			  const struct sm70_batch *b);
+void sm70__cpu_sparse_attention(struct sm70_backend *be, void *out, const void *q, int q_ld,
+				const struct sm70_kv_layer *kv, const struct sm70_kv_layout *lay,
+				const struct sm70_batch *b, const int32_t *sel,
+				const int32_t *n_sel, int sel_ld, int n_heads, float scale);
 
 #endif

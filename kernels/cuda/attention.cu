@@ -50,9 +50,8 @@
 
 #define ATTN_THREADS 128
 #define ATTN_WARPS (ATTN_THREADS / 32)
-/* A split's partial for one head: D unnormalised sums (v_mul applied), then m (natural-log
- * units) and l; rows are 16-byte aligned for the merge's vector loads. */
-#define ATTN_PR(D) ((D) + 4)
+/* A split's partial for one head (cuda_check.h states the layout). */
+#define ATTN_PR(D) SM70__ATTN_PR(D)
 
 struct attn_args {
 	__half *out;
@@ -89,23 +88,6 @@ template <int D> static size_t attn_smem(int group)
 
 	floats = (floats + 3) & ~(size_t)3;
 	return floats * sizeof(float) + 2 * (size_t)tile<D>::TP * tile<D>::KS * sizeof(__half);
-}
-
-/* 8 e4m3 bytes to 8 f16 holding 2^-8 times their values. */
-static __device__ __forceinline__ uint4 e4m3x8_to_f16_scaled(uint2 in)
-{
-	uint32_t src[2] = { in.x, in.y };
-	uint32_t dst[4];
-
-#pragma unroll
-	for (int i = 0; i < 4; i++) {
-		uint32_t w = src[i >> 1] >> ((i & 1) * 16);
-		uint32_t lo = ((w & 0x7fu) << 7) | ((w & 0x80u) << 8);
-		uint32_t hi = (((w >> 8) & 0x7fu) << 7) | (((w >> 8) & 0x80u) << 8);
-
-		dst[i] = lo | (hi << 16);
-	}
-	return make_uint4(dst[0], dst[1], dst[2], dst[3]);
 }
 
 template <int D, bool FP8>
@@ -153,9 +135,9 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_a
 			uint4 kv4, vv4;
 
 			if (FP8) {
-				kv4 = e4m3x8_to_f16_scaled(
+				kv4 = sm70__e4m3x8_to_f16_scaled(
 					__ldg((const uint2 *)((const uint8_t *)a.kc + off)));
-				vv4 = e4m3x8_to_f16_scaled(
+				vv4 = sm70__e4m3x8_to_f16_scaled(
 					__ldg((const uint2 *)((const uint8_t *)a.vc + off)));
 			} else {
 				kv4 = __ldg((const uint4 *)((const __half *)a.kc + off));
@@ -333,16 +315,22 @@ static __global__ void attn_merge_kernel(__half *__restrict__ out,
 			    attn_merge_dims(pp + tid * 4, w_s, nsplit, ATTN_PR(D)));
 }
 
+/* See cuda_check.h. */
+int sm70__cuda_attn_merge(struct sm70__cuda *c, __half *out, const float *part, int rows,
+			  int nsplit, int D)
+{
+	attn_merge_kernel<<<rows, (D / 4 + 31) / 32 * 32, (size_t)nsplit * 2 * sizeof(float),
+			    c->stream>>>(out, part, nsplit, D);
+	if (SM70_CUDA_LAUNCHED(&c->be, "attn_merge_kernel"))
+		return -EIO;
+	return 0;
+}
+
 /* Queues the merge of a's a.nsplit partials per (token, head) into a.out. */
 static int attn_merge_launch(struct sm70__cuda *c, const struct attn_args &a, int n_tokens,
 			     int D)
 {
-	attn_merge_kernel<<<n_tokens * a.n_heads, (D / 4 + 31) / 32 * 32,
-			    (size_t)a.nsplit * 2 * sizeof(float), c->stream>>>(a.out, a.part,
-									  a.nsplit, D);
-	if (SM70_CUDA_LAUNCHED(&c->be, "attn_merge_kernel"))
-		return -EIO;
-	return 0;
+	return sm70__cuda_attn_merge(c, a.out, a.part, n_tokens * a.n_heads, a.nsplit, D);
 }
 
 /* e4m3 decoded the plain way, for the reference kernel. */

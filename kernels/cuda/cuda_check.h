@@ -159,6 +159,37 @@ static __device__ __forceinline__ uint8_t sm70__f32_to_e4m3(float f)
 void sm70__cuda_gemv_tc_silu(struct sm70__cuda *c, __half *y, const __half *gate_up,
 			     const __half *w, int rows, int cols, int n);
 
+/*
+ * Split-KV attention partials (attention.cu writes them, and sparse_attention.cu): per
+ * (token * n_heads + head, split), SM70__ATTN_PR(D) floats: D unnormalised sums (v scale
+ * applied), then m (natural-log units) and l; rows 16-byte aligned for the merge's vector
+ * loads. An empty split has m = -inf and l = 0. sm70__cuda_attn_merge (attention.cu)
+ * queues the merge of nsplit such partials per row into out [rows][D] (f16); D % 4 == 0.
+ * Returns 0 or -EIO.
+ */
+#define SM70__ATTN_PR(D) ((D) + 4)
+int sm70__cuda_attn_merge(struct sm70__cuda *c, __half *out, const float *part, int rows,
+			  int nsplit, int D);
+
+/* 8 e4m3 bytes to 8 f16 holding 2^-8 times their values (the magnitude shifted left by 7
+ * is an f16 of 2^-8 the e4m3 value, subnormals included; the caller folds 2^8 into its
+ * scale). The NaN code 0x7f decodes as 480. */
+static __device__ __forceinline__ uint4 sm70__e4m3x8_to_f16_scaled(uint2 in)
+{
+	uint32_t src[2] = { in.x, in.y };
+	uint32_t dst[4];
+
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		uint32_t w = src[i >> 1] >> ((i & 1) * 16);
+		uint32_t lo = ((w & 0x7fu) << 7) | ((w & 0x80u) << 8);
+		uint32_t hi = (((w >> 8) & 0x7fu) << 7) | (((w >> 8) & 0x80u) << 8);
+
+		dst[i] = lo | (hi << 16);
+	}
+	return make_uint4(dst[0], dst[1], dst[2], dst[3]);
+}
+
 /* Sum and max over the 32 lanes of a warp; every lane gets the result. */
 static __device__ __forceinline__ float sm70__warp_sum(float v)
 {

@@ -100,6 +100,19 @@ void sm70__cuda_ple_gate(struct sm70_backend *be, void *gv, const void *kn, cons
 			 const void *v, int v_ld, int n, int streams, int dim);
 void sm70__cuda_ple_conv(struct sm70_backend *be, float *x, const void *gv, const void *gvn,
 			 const struct sm70_dconv *dc, const struct sm70_batch *b);
+void sm70__cuda_qsa_key_write(struct sm70_backend *be, const struct sm70_qsa_layer *ql,
+			      const void *k, int ld, int dim, const struct sm70_batch *b);
+void sm70__cuda_qsa_compress(struct sm70_backend *be, const struct sm70_qsa_layer *ql,
+			     const float *k_norm, float eps, int dim, int ratio, int rot_dim,
+			     double theta, int block_size, const struct sm70_batch *b);
+void sm70__cuda_qsa_select(struct sm70_backend *be, int32_t *sel, int32_t *n_sel, int sel_ld,
+			   const void *q, int q_ld, const struct sm70_qsa_layer *ql, int n_heads,
+			   int dim, int ratio, int top_blocks, int block_size, float *scratch,
+			   const struct sm70_batch *b);
+void sm70__cuda_sparse_attention(struct sm70_backend *be, void *out, const void *q, int q_ld,
+				 const struct sm70_kv_layer *kv, const struct sm70_kv_layout *lay,
+				 const struct sm70_batch *b, const int32_t *sel,
+				 const int32_t *n_sel, int sel_ld, int n_heads, float scale);
 /* Benchmark helper (tests/gpu): median microseconds of `iters` sample calls, timed with
  * CUDA events on the backend's stream. Returns 0 or -errno. */
 int sm70__cuda_sample_time(struct sm70_backend *be, struct sm70_sample_result *out,

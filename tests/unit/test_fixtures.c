@@ -197,7 +197,7 @@ static void for_each_fixture(void (*fn)(const char *dir, const char *name))
 	assert_non_null(d);
 	while ((de = readdir(d))) {
 		char dir[512];
-		if (strncmp(de->d_name, "qwen3", 5) != 0)
+		if (strncmp(de->d_name, "qwen", 4) != 0)
 			continue;
 		snprintf(dir, sizeof(dir), FIXTURES "/%s", de->d_name);
 		fn(dir, de->d_name);

@@ -276,7 +276,7 @@ static void test_fixtures_tp(void **state)
 	assert_non_null(d);
 	while ((de = readdir(d))) {
 		char dir[512];
-		if (strncmp(de->d_name, "qwen3", 5) != 0)
+		if (strncmp(de->d_name, "qwen", 4) != 0)
 			continue;
 		snprintf(dir, sizeof(dir), FIXTURES "/%s", de->d_name);
 		fixture(dir, de->d_name);
