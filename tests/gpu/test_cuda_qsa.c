@@ -605,7 +605,9 @@ static void sparse_case(const struct sp_case *sc)
 	if (sc->every) {
 		snprintf(what, sizeof(what), "sparse_attention every position vs dense attention "
 			 "D=%d G=%d %s", D, sc->group, sc->fp8 ? "fp8" : "f16");
-		compare_values(what, out[1], out[3], nout, TOL_ATTN);
+		/* each within TOL_ATTN of the CPU (the dense op's tensor-core path rounds P to
+		 * f16), so within twice that of each other */
+		compare_values(what, out[1], out[3], nout, 2 * TOL_ATTN);
 		free(out[3]);
 	} else {
 		for (size_t i = 0; i < (size_t)n_heads * D; i++)
