@@ -140,18 +140,25 @@ static __global__ void __launch_bounds__(SP_THREADS) sparse_kernel(struct sparse
 		}
 		__syncthreads();
 
-		/* scores of every group head against every tile row */
+		/* scores of every group head against every tile row; 16-byte reads of the
+		 * padded rows keep a quarter warp's rows in different banks */
 		for (int idx = tid; idx < G * nt; idx += SP_THREADS) {
 			const int g = idx / nt, r = idx - g * nt;
-			const __half2 *kr = (const __half2 *)(k_s + r * KS);
-			const float2 *qg = (const float2 *)(q_s + g * D);
+			const __half *kr = k_s + r * KS;
+			const float *qg = q_s + g * D;
 			float s = 0.0f;
 
-#pragma unroll 8
-			for (int j = 0; j < D / 2; j++) {
-				const float2 kf = __half22float2(kr[j]), qf = qg[j];
+#pragma unroll 4
+			for (int cv = 0; cv < VPR; cv++) {
+				const uint4 k8 = *(const uint4 *)(kr + cv * 8);
+				const __half2 *kh = (const __half2 *)&k8;
+				const float4 qa = *(const float4 *)(qg + cv * 8);
+				const float4 qb = *(const float4 *)(qg + cv * 8 + 4);
+				const float2 f0 = __half22float2(kh[0]), f1 = __half22float2(kh[1]);
+				const float2 f2 = __half22float2(kh[2]), f3 = __half22float2(kh[3]);
 
-				s += qf.x * kf.x + qf.y * kf.y;
+				s += qa.x * f0.x + qa.y * f0.y + qa.z * f1.x + qa.w * f1.y +
+				     qb.x * f2.x + qb.y * f2.y + qb.z * f3.x + qb.w * f3.y;
 			}
 			s_s[g * TP + r] = s * a.k_mul;
 		}
