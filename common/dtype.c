@@ -28,6 +28,11 @@ const char *sm70_dtype_name(enum sm70_dtype t)
 	return (unsigned)t < SM70_DTYPE_COUNT ? dtypes[t].name : "?";
 }
 
+const char *sm70_dtype_safetensors_name(enum sm70_dtype t)
+{
+	return (unsigned)t < SM70_DTYPE_COUNT ? dtypes[t].st_name : NULL;
+}
+
 int sm70_dtype_from_safetensors(const char *s, enum sm70_dtype *out)
 {
 	for (int i = 0; i < SM70_DTYPE_COUNT; i++) {

@@ -28,6 +28,9 @@ enum sm70_dtype {
 size_t sm70_dtype_size(enum sm70_dtype t);
 /* Lower-case name ("f32", "bf16", ...); "?" for an out-of-range value. */
 const char *sm70_dtype_name(enum sm70_dtype t);
+/* The safetensors dtype string ("F32", "BF16", "F8_E4M3", ...); NULL for an out-of-range
+ * value. */
+const char *sm70_dtype_safetensors_name(enum sm70_dtype t);
 /* Parses a safetensors dtype string ("F32", "BF16", "F8_E4M3", ...). Returns 0 and sets
  * *out, or -EINVAL for a type sm70 does not read. */
 int sm70_dtype_from_safetensors(const char *s, enum sm70_dtype *out);

@@ -406,6 +406,16 @@ const char *sm70_ckpt_dir(const struct sm70_ckpt *c)
 	return c->dir;
 }
 
+size_t sm70_ckpt_n_files(const struct sm70_ckpt *c)
+{
+	return c->n_files;
+}
+
+const struct sm70_st_file *sm70_ckpt_file(const struct sm70_ckpt *c, size_t i)
+{
+	return i < c->n_files ? c->files[i] : NULL;
+}
+
 const struct sm70_st_tensor *sm70_ckpt_find(const struct sm70_ckpt *c, const char *name)
 {
 	struct ckpt_name key = { .name = (char *)name };

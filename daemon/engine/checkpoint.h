@@ -35,6 +35,11 @@ json_t *sm70_ckpt_config(const struct sm70_ckpt *c);
 json_t *sm70_ckpt_generation_config(const struct sm70_ckpt *c);
 const char *sm70_ckpt_dir(const struct sm70_ckpt *c);
 
+/* The weight files in the order they were opened, borrowed: their tensors carry the names
+ * as stored (for tools that rewrite a checkpoint whole). */
+size_t sm70_ckpt_n_files(const struct sm70_ckpt *c);
+const struct sm70_st_file *sm70_ckpt_file(const struct sm70_ckpt *c, size_t i);
+
 /* The tensor with text-model name `name`, or NULL when absent. */
 const struct sm70_st_tensor *sm70_ckpt_find(const struct sm70_ckpt *c, const char *name);
 

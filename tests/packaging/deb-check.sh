@@ -108,6 +108,7 @@ MA=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
 SDKV=$(sed -n "s/^SDK_VERSION = '\(.*\)'\$/\1/p" SConstruct)
 missing_files=""
 for f in /usr/sbin/sm70d /usr/sbin/sm70ctl /usr/bin/sm70-run /usr/bin/sm70-generate \
+	/usr/bin/sm70-quantize /usr/share/man/man1/sm70-quantize.1.gz \
 	/etc/sm70d/sm70d.json /lib/systemd/system/sm70d.service /lib/systemd/system/sm70d.socket \
 	/usr/lib/sysusers.d/sm70d.conf /usr/lib/tmpfiles.d/sm70d.conf \
 	/usr/share/man/man8/sm70d.8.gz /usr/share/man/man8/sm70ctl.8.gz /usr/share/man/man1/sm70-run.1.gz \
