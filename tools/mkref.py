@@ -169,7 +169,7 @@ FIXTURES = {
                     shared_expert_intermediate_size=48, num_experts=8,
                     num_experts_per_tok=2, num_hidden_layers=5, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
-                    linear_num_value_heads=4, linear_key_head_dim=16,
+                    linear_num_value_heads=4, linear_key_head_dim=32,
                     linear_value_head_dim=16, linear_conv_kernel_dim=4,
                     layer_types=["linear_attention", "full_attention", "linear_attention",
                                  "linear_attention", "full_attention"],
