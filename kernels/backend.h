@@ -100,6 +100,7 @@ struct sm70_kv_layout {
 struct sm70_state_layer {
 	void *conv;
 	float *ssm;
+	void *ple;
 };
 
 struct sm70_state_layout {
