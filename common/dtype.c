@@ -16,6 +16,8 @@ static const struct {
 	[SM70_DTYPE_U8] = { "u8", "U8", 1 },
 	[SM70_DTYPE_I32] = { "i32", "I32", 4 },
 	[SM70_DTYPE_I64] = { "i64", "I64", 8 },
+	/* no safetensors name: a checkpoint stores NVFP4 as U8 codes + F8_E4M3 scales */
+	[SM70_DTYPE_NVFP4] = { "nvfp4", NULL, 0 },
 };
 
 size_t sm70_dtype_size(enum sm70_dtype t)
@@ -31,7 +33,7 @@ const char *sm70_dtype_name(enum sm70_dtype t)
 int sm70_dtype_from_safetensors(const char *s, enum sm70_dtype *out)
 {
 	for (int i = 0; i < SM70_DTYPE_COUNT; i++) {
-		if (strcmp(s, dtypes[i].st_name) == 0) {
+		if (dtypes[i].st_name && strcmp(s, dtypes[i].st_name) == 0) {
 			*out = (enum sm70_dtype)i;
 			return 0;
 		}
@@ -120,6 +122,14 @@ uint8_t sm70_f32_to_e4m3(float f)
 			code = 0x7e;
 		return sign | (uint8_t)code;
 	}
+}
+
+float sm70_e2m1_to_f32(uint8_t code)
+{
+	static const float mag[8] = { 0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f };
+	float f = mag[code & 7];
+
+	return (code & 8) ? -f : f;
 }
 
 /* src may be unaligned (safetensors promises no alignment): elements are read through
