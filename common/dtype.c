@@ -124,14 +124,6 @@ uint8_t sm70_f32_to_e4m3(float f)
 	}
 }
 
-float sm70_e2m1_to_f32(uint8_t code)
-{
-	static const float mag[8] = { 0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f };
-	float f = mag[code & 7];
-
-	return (code & 8) ? -f : f;
-}
-
 /* src may be unaligned (safetensors promises no alignment): elements are read through
  * memcpy, which compiles to plain loads. */
 int sm70_convert_to_f32(float *dst, const void *src, enum sm70_dtype t, size_t n)

@@ -61,10 +61,6 @@ uint16_t sm70_f32_to_f16(float f);
 float sm70_e4m3_to_f32(uint8_t v);
 uint8_t sm70_f32_to_e4m3(float f);
 
-/* FP4-E2M1, the NVFP4 element: code bit 3 the sign, bits 0-2 index the magnitudes
- * {0, 0.5, 1, 1.5, 2, 3, 4, 6} (code 8 is -0). Bits 4-7 are ignored. */
-float sm70_e2m1_to_f32(uint8_t code);
-
 /* Converts n elements of type t at src to f32. Returns -EINVAL for an integer type and
  * for NVFP4 (a matrix format, not an element type: see sm70_weight_bytes). */
 int sm70_convert_to_f32(float *dst, const void *src, enum sm70_dtype t, size_t n);
