@@ -264,8 +264,8 @@ struct sm70_backend_ops {
 	 * buf_alloc; the caller releases both with buf_free), scale2 copied. The host buffers
 	 * are only read and may be freed on return. Not for use while a graph is captured.
 	 * Returns 0, or -EINVAL (not NVFP4, cols not a multiple of 16, a NaN scale byte
-	 * 0x7f / 0xff, a non-finite scale2), -ENOMEM or -EIO; err says which, *w_out is then
-	 * zeroed and nothing is left allocated.
+	 * 0x7f / 0xff, a non-finite scale2), -ENOMEM or -EIO; err says which, w_out->data
+	 * and w_out->scale are then NULL and nothing is left allocated.
 	 * CPU: the ModelOpt layout as is. CUDA: see kernels/cuda/matmul_nvfp4.cu.
 	 */
 	int (*prepare_weight)(struct sm70_backend *be, struct sm70_weight *w_out,
