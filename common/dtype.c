@@ -16,6 +16,8 @@ static const struct {
 	[SM70_DTYPE_U8] = { "u8", "U8", 1 },
 	[SM70_DTYPE_I32] = { "i32", "I32", 4 },
 	[SM70_DTYPE_I64] = { "i64", "I64", 8 },
+	/* no safetensors name: a checkpoint stores NVFP4 as U8 codes + F8_E4M3 scales */
+	[SM70_DTYPE_NVFP4] = { "nvfp4", NULL, 0 },
 };
 
 size_t sm70_dtype_size(enum sm70_dtype t)
@@ -36,7 +38,7 @@ const char *sm70_dtype_safetensors_name(enum sm70_dtype t)
 int sm70_dtype_from_safetensors(const char *s, enum sm70_dtype *out)
 {
 	for (int i = 0; i < SM70_DTYPE_COUNT; i++) {
-		if (strcmp(s, dtypes[i].st_name) == 0) {
+		if (dtypes[i].st_name && strcmp(s, dtypes[i].st_name) == 0) {
 			*out = (enum sm70_dtype)i;
 			return 0;
 		}

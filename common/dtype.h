@@ -21,10 +21,15 @@ enum sm70_dtype {
 	SM70_DTYPE_U8,
 	SM70_DTYPE_I32,
 	SM70_DTYPE_I64,
+	/* NVFP4 (ModelOpt) matrices: 4-bit E2M1 codes with an FP8-E4M3 scale per 16
+	 * elements and an f32 scale per matrix. Not a whole number of bytes an element:
+	 * its size is 0 here; byte counts of such a matrix come from sm70_weight_bytes
+	 * (kernels/backend.h). Appended, so the values before it keep their numbers. */
+	SM70_DTYPE_NVFP4,
 	SM70_DTYPE_COUNT,
 };
 
-/* Bytes per element; 0 for an out-of-range value. */
+/* Bytes per element; 0 for an out-of-range value and for NVFP4 (not whole bytes). */
 size_t sm70_dtype_size(enum sm70_dtype t);
 /* Lower-case name ("f32", "bf16", ...); "?" for an out-of-range value. */
 const char *sm70_dtype_name(enum sm70_dtype t);
@@ -59,7 +64,8 @@ uint16_t sm70_f32_to_f16(float f);
 float sm70_e4m3_to_f32(uint8_t v);
 uint8_t sm70_f32_to_e4m3(float f);
 
-/* Converts n elements of type t at src to f32. Returns -EINVAL for an integer type. */
+/* Converts n elements of type t at src to f32. Returns -EINVAL for an integer type and
+ * for NVFP4 (a matrix format, not an element type: see sm70_weight_bytes). */
 int sm70_convert_to_f32(float *dst, const void *src, enum sm70_dtype t, size_t n);
 
 #endif

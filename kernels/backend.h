@@ -24,14 +24,34 @@
 #include "common/err.h"
 #include "common/sampling.h"
 
-/* A 2-D weight matrix [rows, cols], row-major, in backend memory. y = x W^T multiplies
- * by it. dtype is f32, f16 or bf16 (the CPU reads all three; CUDA holds f16). */
+/*
+ * A 2-D weight matrix [rows, cols] in backend memory. y = x W^T multiplies by it.
+ * dtype f32, f16 or bf16: data is row-major (the CPU reads all three; CUDA holds f16);
+ * scale and scale2 are unused.
+ *
+ * dtype NVFP4 (../shared/ARCHITECTURES.md, "Weight and cache formats"): element
+ * W[r][k] = e2m1(code[r][k]) * e4m3(block scale of r, k / 16) * scale2, cols a
+ * multiple of 16. data holds the 4-bit codes, scale the E4M3 block-scale bytes, both
+ * in the backend's own arrangement, which only prepare_weight makes (so an NVFP4 weight
+ * is used only on the backend that prepared it); scale2 is the f32 per-matrix scale.
+ * Only matmul reads NVFP4 weights. Its byte count is sm70_weight_bytes', never
+ * rows * cols * sm70_dtype_size (which is 0 for NVFP4).
+ */
 struct sm70_weight {
 	enum sm70_dtype dtype;
 	int rows;
 	int cols;
 	void *data;
+	void *scale;  /* NVFP4: the E4M3 block scales (backend memory); else NULL */
+	float scale2; /* NVFP4: the per-matrix scale (ModelOpt's weight_scale_2) */
 };
+
+/* The bytes of backend memory w's matrix occupies as matmul reads it: rows * cols *
+ * element size for f32/f16/bf16; for NVFP4 the ModelOpt count rows * cols / 2 code bytes
+ * plus rows * cols / 16 scale bytes (a backend may pad its arrangement beyond that; the
+ * count is what one matmul must read). 0 for other dtypes. Every weight-byte sum (the
+ * engine's resident-bytes figure, sm70-bench) goes through this. */
+size_t sm70_weight_bytes(const struct sm70_weight *w);
 
 /* A stack of expert matrices [n_experts][rows][cols], row-major, in backend memory; the
  * dtypes of struct sm70_weight. Expert e's matrix starts at data + e * rows * cols
@@ -227,9 +247,29 @@ struct sm70_backend_ops {
 	/* resid (f32) += x (act), element-wise over n*dim values. */
 	void (*add)(struct sm70_backend *be, float *resid, const void *x, size_t count);
 
-	/* y[n, w->rows] (act, or f32 when y_f32) = x[n, w->cols] (act) W^T. */
+	/* y[n, w->rows] (act, or f32 when y_f32) = x[n, w->cols] (act) W^T. An NVFP4 w must
+	 * come from this backend's prepare_weight; its elements are dequantised exactly (the
+	 * CPU in f32; CUDA: e2m1 * e4m3 exactly in f16, scale2 applied to the f32 sum). */
 	void (*matmul)(struct sm70_backend *be, void *y, int y_f32, const void *x,
 		       const struct sm70_weight *w, int n);
+
+	/*
+	 * Optional (NULL: the backend takes no NVFP4 weights; a model that has them is
+	 * refused at load). From host_modelopt, an NVFP4 matrix in host memory in ModelOpt's
+	 * layout (dtype SM70_DTYPE_NVFP4, rows >= 1, cols >= 16 a multiple of 16; data uint8
+	 * [rows][cols / 2], byte j of a row holding element 2j in its low nibble and 2j + 1
+	 * in its high nibble; scale E4M3 [rows][cols / 16], byte b scaling elements
+	 * 16b .. 16b + 15; scale2 the f32 weight_scale_2), makes *w_out: the same matrix in
+	 * this backend's arrangement in new backend memory (w_out->data and w_out->scale from
+	 * buf_alloc; the caller releases both with buf_free), scale2 copied. The host buffers
+	 * are only read and may be freed on return. Not for use while a graph is captured.
+	 * Returns 0, or -EINVAL (not NVFP4, cols not a multiple of 16, a NaN scale byte
+	 * 0x7f / 0xff, a non-finite scale2), -ENOMEM or -EIO; err says which, w_out->data
+	 * and w_out->scale are then NULL and nothing is left allocated.
+	 * CPU: the ModelOpt layout as is. CUDA: see kernels/cuda/matmul_nvfp4.cu.
+	 */
+	int (*prepare_weight)(struct sm70_backend *be, struct sm70_weight *w_out,
+			      const struct sm70_weight *host_modelopt, struct sm70_err *err);
 
 	/* In place on qk (act; row i starts at qk + i*ld elements and holds n_heads heads of
 	 * head_dim): optional per-head RMSNorm with weight norm_w (f32 [head_dim], NULL to
@@ -512,6 +552,11 @@ int sm70_backend_cuda_create(struct sm70_backend **out, int device, struct sm70_
  * `sample` emits a deterministic token (a function of the row's seed and n) at once, so
  * the daemon's transport can be measured alone (sm70-bench ipc). Never for real use. */
 int sm70_backend_null_create(struct sm70_backend **out, struct sm70_err *err);
+
+/* For prepare_weight implementations: 0 when host_modelopt is an NVFP4 matrix
+ * prepare_weight accepts (see there), else -EINVAL with err naming the reason. Reads
+ * every scale byte. */
+int sm70__nvfp4_check(const struct sm70_weight *host_modelopt, struct sm70_err *err);
 
 /* Destroys a backend made by any constructor (NULL is fine). */
 void sm70_backend_destroy(struct sm70_backend *be);

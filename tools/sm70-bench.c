@@ -1,7 +1,7 @@
 /*
  * sm70-bench - the benchmark driver.
  *
- *   sm70-bench bw|gemv|attention|prefill|gdn|moe|all [--iters N] [--device N]
+ *   sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|all [--iters N] [--device N]
  *   sm70-bench decode -m MODEL_DIR ...      end-to-end decode (tools/bench/decode.c)
  *   sm70-bench ipc ...                      the transport alone (tools/bench/ipc.c)
  *
@@ -17,7 +17,9 @@
  * `all`). `moe` times an MoE layer's routed experts (the moe_experts op) at B1, B8 and B16
  * on a Qwen3-30B-A3B-like and a Qwen3-Next / Qwen3.5-MoE-like shape, counting the bytes
  * of the experts the batch chose, on the grouped path beside the reference path (not
- * part of `all`).
+ * part of `all`). `nvfp4` times the matmul op on NVFP4 weights on the GEMV shapes at B1,
+ * B8 and B16 against the bytes of the packed codes and scales, beside the f16 matmul op on
+ * the same shape in the same run (not part of `all`).
  *
  * Every row prints the median time of one op, the bytes it must read over that time, and
  * that as a fraction of the read bandwidth (a plain read kernel) and of the D2D copy
@@ -41,7 +43,7 @@ struct ref_bw {
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: sm70-bench bw|gemv|attention|prefill|gdn|moe|all [--iters N] "
+	fprintf(f, "usage: sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|all [--iters N] "
 		   "[--device N]\n"
 		   "       sm70-bench decode -m MODEL_DIR [options]   (decode --help)\n"
 		   "       sm70-bench ipc [options]                   (ipc --help)\n"
@@ -127,6 +129,60 @@ static int run_gemv(int iters, const struct ref_bw *bw)
 		snprintf(extra, sizeof(extra), "%9.2f %12.1f%% %7.2fx", tot_cb[k],
 			 100.0 * tot_bytes[k] / tot_cb[k] * 1e-3 / bw->read, tot_cb[k] / tot[k]);
 		row(name, tot[k], tot_bytes[k], bw, extra);
+	}
+	return 0;
+}
+
+/*
+ * The matmul op on NVFP4 weights (prepare_weight's arrangement) on the Qwen3-8B GEMV
+ * shapes at B1, B8 and B16, beside the f16 matmul op on the same shape in the same run.
+ * bytes: the packed codes + E4M3 scales (what an NVFP4 call must read; x and y are under
+ * 1% of it); the f16 column's own %read counts its W + x + y as the gemv table does.
+ */
+static int run_nvfp4(int iters, const struct ref_bw *bw)
+{
+	static const struct {
+		const char *name;
+		int rows, cols;
+	} shapes[] = {
+		{ "qkv", 6144, 4096 },     { "o", 4096, 4096 },
+		{ "gate_up", 24576, 4096 }, { "down", 4096, 12288 },
+		{ "lm_head", 151936, 4096 },
+	};
+	static const int ns[] = { 1, 8, 16 };
+	const size_t n_ns = sizeof(ns) / sizeof(ns[0]);
+
+	printf("\n== NVFP4 GEMV: y[n, rows] = x[n, cols] W^T, W NVFP4 (codes + E4M3 scales per "
+	       "16), Qwen3-8B shapes, median of %d\n", iters);
+	printf("bytes: packed codes + scales; f16: the matmul op on an f16 W of the same shape "
+	       "(its %%read over W + x + y); speedup: f16 us / nvfp4 us; max rel: the fast "
+	       "kernel vs the reference kernel (f32 y)\n");
+	header("f16 us  f16 %read  speedup  max rel");
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+		struct sm70__bench_nvfp4 r[3];
+		int ret = sm70__bench_nvfp4(shapes[s].rows, shapes[s].cols, ns, (int)n_ns, iters, r);
+
+		if (ret) {
+			fprintf(stderr, "sm70-bench: nvfp4 %s: error %d\n", shapes[s].name, ret);
+			return ret;
+		}
+		for (size_t k = 0; k < n_ns; k++) {
+			struct sm70__bench_gemv f;
+			char name[64], extra[128];
+
+			ret = sm70__bench_gemv(shapes[s].rows, shapes[s].cols, ns[k], iters, &f);
+			if (ret) {
+				fprintf(stderr, "sm70-bench: nvfp4 %s: f16 gemv: error %d\n",
+					shapes[s].name, ret);
+				return ret;
+			}
+			snprintf(name, sizeof(name), "nvfp4 %s %dx%d B%d", shapes[s].name,
+				 shapes[s].rows, shapes[s].cols, ns[k]);
+			snprintf(extra, sizeof(extra), "%6.2f %9.1f%% %7.2fx  %.1e", f.us,
+				 100.0 * f.bytes / f.us * 1e-3 / bw->read, f.us / r[k].us,
+				 r[k].max_rel);
+			row(name, r[k].us, r[k].bytes, bw, extra);
+		}
 	}
 	return 0;
 }
@@ -350,6 +406,7 @@ int main(int argc, char **argv)
 		} else if (!what && (!strcmp(argv[i], "bw") || !strcmp(argv[i], "gemv") ||
 				     !strcmp(argv[i], "attention") || !strcmp(argv[i], "prefill") ||
 				     !strcmp(argv[i], "gdn") || !strcmp(argv[i], "moe") ||
+				     !strcmp(argv[i], "nvfp4") ||
 				     !strcmp(argv[i], "all"))) {
 			what = argv[i];
 		} else {
@@ -371,8 +428,9 @@ int main(int argc, char **argv)
 		return ret == -ENODEV ? 2 : 1;
 	}
 	printf("sm70-bench %s: %s\n", what, desc);
-	printf("matmul path: %s; attention path: %s\n",
+	printf("matmul path: %s; nvfp4 path: %s; attention path: %s\n",
 	       getenv("SM70_MATMUL") ? getenv("SM70_MATMUL") : "fast",
+	       getenv("SM70_NVFP4") ? getenv("SM70_NVFP4") : "fast",
 	       getenv("SM70_ATTENTION") ? getenv("SM70_ATTENTION") : "fast");
 	/* Every table is relative to the bandwidth measured now. */
 	ret = run_bw(iters, &bw, 1);
@@ -386,6 +444,8 @@ int main(int argc, char **argv)
 		ret = run_gdn(iters, &bw);
 	if (!ret && !strcmp(what, "moe"))
 		ret = run_moe(iters, &bw);
+	if (!ret && !strcmp(what, "nvfp4"))
+		ret = run_nvfp4(iters, &bw);
 	sm70__bench_close();
 	return ret ? 1 : 0;
 }

@@ -392,7 +392,8 @@ void sm70__decoder_forward(struct sm70_model *m)
 
 /* ---- weights ------------------------------------------------------------------------ */
 
-#define WBYTES(wt) ((size_t)(wt).rows * (wt).cols * sm70_dtype_size((wt).dtype))
+/* through sm70_weight_bytes: NVFP4 matrices are not rows * cols * an element size */
+#define WBYTES(wt) sm70_weight_bytes(&(wt))
 
 size_t sm70__decoder_weight_bytes(const struct sm70_model *m, int r)
 {

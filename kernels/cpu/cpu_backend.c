@@ -2,7 +2,7 @@
  * cpu_backend.c - the CPU backend: construction, memory, and the op table.
  *
  * The CPU backend is the numerical reference: f32 activations, weights read as f32,
- * f16 or bf16, all math in f32 with the long reductions done carefully (see each op's
+ * f16, bf16 or NVFP4, all math in f32 with the long reductions done carefully (see each op's
  * file). "Backend memory" is ordinary host memory, so upload/download are memcpy and
  * sync has nothing to wait for. Ops run on a persistent thread pool.
  *
@@ -130,6 +130,7 @@ static const struct sm70_backend_ops cpu_ops = {
 	.add_rmsnorm = sm70__cpu_add_rmsnorm,
 	.add = sm70__cpu_add,
 	.matmul = sm70__cpu_matmul,
+	.prepare_weight = sm70__cpu_prepare_weight,
 	.head_norm_rope = sm70__cpu_head_norm_rope,
 	.kv_write = sm70__cpu_kv_write,
 	.attention = sm70__cpu_attention,

@@ -228,6 +228,12 @@ void sm70__cpu_add_rmsnorm(struct sm70_backend *be, void *y, float *resid, const
 void sm70__cpu_add(struct sm70_backend *be, float *resid, const void *x, size_t count);
 void sm70__cpu_matmul(struct sm70_backend *be, void *y, int y_f32, const void *x,
 		      const struct sm70_weight *w, int n);
+/* matmul_nvfp4.c: matmul on an NVFP4 weight (called by sm70__cpu_matmul; y, x f32), and
+ * the backend's prepare_weight. */
+void sm70__cpu_matmul_nvfp4(struct sm70__cpu *c, float *y, const float *x,
+			    const struct sm70_weight *w, int n);
+int sm70__cpu_prepare_weight(struct sm70_backend *be, struct sm70_weight *w_out,
+			     const struct sm70_weight *host_modelopt, struct sm70_err *err);
 void sm70__cpu_head_norm_rope(struct sm70_backend *be, void *qk, int ld, int n, int n_heads,
 			      int head_dim, const float *norm_w, float eps, const int32_t *pos,
 			      int rot_dim, double theta);

@@ -1,5 +1,6 @@
 /*
- * matmul.c - the CPU matmul op: y = x W^T with W f32, f16 or bf16.
+ * matmul.c - the CPU matmul op: y = x W^T with W f32, f16, bf16 (or NVFP4, through
+ * matmul_nvfp4.c).
  *
  * Threads split the weight rows (output columns) into contiguous chunks. A thread
  * converts one weight row to f32 in its scratch slice, then dots it against every row
@@ -7,8 +8,10 @@
  * is one sm70__cpu_dot computed by one thread, so the result is bitwise the same for
  * any thread count.
  *
+ * NVFP4 weights go to matmul_nvfp4.c, which follows the same scheme.
+ *
  * Non-goals: cache blocking over x for large n (prefill on the CPU is for reference
- * runs, not speed), quantised weights.
+ * runs, not speed), quantised weights other than NVFP4.
  */
 #include "kernels/cpu/cpu_ops.h"
 
@@ -90,6 +93,10 @@ void sm70__cpu_matmul(struct sm70_backend *be, void *y, int y_f32, const void *x
 
 	if (n <= 0 || w->rows <= 0)
 		return;
+	if (w->dtype == SM70_DTYPE_NVFP4) {
+		sm70__cpu_matmul_nvfp4(c, y, x, w, n);
+		return;
+	}
 	if (w->dtype != SM70_DTYPE_F32) {
 		j.scratch = sm70__cpu_scratch(c, (size_t)w->cols);
 		j.stride = c->scratch_stride;

@@ -1,6 +1,7 @@
 /*
  * bench.cu - what sm70-bench times on the GPU (see bench.h): a read-bandwidth kernel, the
- * D2D copy, the backend's matmul and attention ops on decode shapes, and cuBLAS.
+ * D2D copy, the backend's matmul op (f16 and NVFP4 weights) and attention op on decode
+ * shapes, and cuBLAS.
  *
  * Every measurement launches on the backend's own stream (the ops are timed exactly as the
  * engine calls them) between CUDA events; one sample is a run of back-to-back launches that
@@ -359,6 +360,134 @@ out:
 	for (int i = 0; i < g.ncopies; i++)
 		if (w[i].data)
 			cudaFree(w[i].data);
+	return ret;
+}
+
+/* ---- NVFP4 GEMV ------------------------------------------------------------------------ */
+
+/* A random ModelOpt-layout NVFP4 matrix in host memory: every code byte, positive scales
+ * from 2^-6 to 448, scale2 putting |W| at most ~0.05 (a checkpoint's range). */
+static int nvfp4_host(struct sm70_weight *h, int rows, int cols)
+{
+	const size_t nc = (size_t)rows * cols / 2, ns = (size_t)rows * cols / 16;
+	uint8_t *c = (uint8_t *)malloc(nc), *sc = (uint8_t *)malloc(ns);
+	uint64_t x = 0x9e3779b97f4a7c15ULL;
+
+	if (!c || !sc) {
+		free(c);
+		free(sc);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < nc; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		c[i] = (uint8_t)(x >> 32);
+	}
+	for (size_t i = 0; i < ns; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		sc[i] = (uint8_t)(0x08 + (x >> 33) % (0x7e - 0x08 + 1));
+	}
+	*h = (struct sm70_weight){};
+	h->dtype = SM70_DTYPE_NVFP4;
+	h->rows = rows;
+	h->cols = cols;
+	h->data = c;
+	h->scale = sc;
+	h->scale2 = 0.05f / 2688.0f;
+	return 0;
+}
+
+/* max |a - b| / max |b| over n values (NaN sticks). */
+static double max_rel(const float *a, const float *b, size_t n)
+{
+	double md = 0.0, mr = 0.0;
+
+	for (size_t i = 0; i < n; i++) {
+		const double d = fabs((double)a[i] - (double)b[i]);
+
+		if (!(d <= md))
+			md = d;
+		if (fabs((double)b[i]) > mr)
+			mr = fabs((double)b[i]);
+	}
+	return mr > 0 ? md / mr : md;
+}
+
+/* The fast path against the reference kernel (SM70_MATMUL=reference's, on the same
+ * arranged weight), f32 y. */
+static int nvfp4_check(struct gemv_ctx *g, int rows, double *rel)
+{
+	const size_t ny = (size_t)g->n * rows;
+	float *ya = (float *)malloc(ny * 4), *yb = (float *)malloc(ny * 4);
+	const int was_ref = bench.c->matmul_ref;
+	int ret = 0;
+
+	if (!ya || !yb) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	bench.be->ops->matmul(bench.be, g->y, 1, g->x, &g->w[0], g->n);
+	SM70_BENCH_CHECK(cudaMemcpyAsync(ya, g->y, ny * 4, cudaMemcpyDeviceToHost, bench.c->stream));
+	bench.c->matmul_ref = 1;
+	bench.be->ops->matmul(bench.be, g->y, 1, g->x, &g->w[0], g->n);
+	bench.c->matmul_ref = was_ref;
+	SM70_BENCH_CHECK(cudaMemcpyAsync(yb, g->y, ny * 4, cudaMemcpyDeviceToHost, bench.c->stream));
+	SM70_BENCH_CHECK(cudaStreamSynchronize(bench.c->stream));
+	*rel = max_rel(ya, yb, ny);
+	ret = bench.c->sticky;
+out:
+	free(ya);
+	free(yb);
+	return ret;
+}
+
+extern "C" int sm70__bench_nvfp4(int rows, int cols, const int *ns, int n_ns, int iters,
+				 struct sm70__bench_nvfp4 *out)
+{
+	struct sm70_weight w[64], host = {};
+	struct gemv_ctx g = { 0, w, NULL, NULL, 0 };
+	struct sm70_err err = { { 0 } };
+	int ret, n_max = 0;
+	double wbytes;
+
+	memset(w, 0, sizeof(w));
+	for (int k = 0; k < n_ns; k++)
+		n_max = ns[k] > n_max ? ns[k] : n_max;
+	ret = nvfp4_host(&host, rows, cols);
+	if (ret)
+		return ret;
+	wbytes = (double)sm70_weight_bytes(&host);
+	/* every copy through prepare_weight: the arrangement is the backend's business */
+	g.ncopies = copies_for(wbytes, 64);
+	for (int i = 0; i < g.ncopies && !ret; i++) {
+		ret = bench.be->ops->prepare_weight(bench.be, &w[i], &host, &err);
+		if (ret)
+			fprintf(stderr, "sm70-bench: nvfp4: %s\n", err.msg);
+	}
+	if (ret)
+		goto out;
+	SM70_BENCH_CHECK(cudaMalloc(&g.x, (size_t)n_max * cols * 2));
+	SM70_BENCH_CHECK(cudaMalloc(&g.y, (size_t)n_max * rows * 4));
+	ret = fill_f16(g.x, (size_t)n_max * cols, 7, 1.0f);
+	for (int k = 0; k < n_ns && !ret; k++) {
+		int per = g.ncopies < 8 ? 8 / g.ncopies * g.ncopies : g.ncopies;
+
+		g.n = ns[k];
+		out[k].bytes = wbytes;
+		ret = nvfp4_check(&g, rows, &out[k].max_rel);
+		if (!ret)
+			ret = time_median(launch_gemv, &g, per, iters, &out[k].us);
+	}
+out:
+	if (g.y)
+		cudaFree(g.y);
+	if (g.x)
+		cudaFree(g.x);
+	for (int i = 0; i < g.ncopies; i++) {
+		bench.be->ops->buf_free(bench.be, w[i].scale);
+		bench.be->ops->buf_free(bench.be, w[i].data);
+	}
+	free(host.scale);
+	free(host.data);
 	return ret;
 }
 

@@ -1,9 +1,9 @@
 /*
  * bench.h - device-side helpers of the sm70-bench tool: a read-bandwidth kernel, timed
  * runs of the CUDA backend's matmul and attention ops on decode shapes (and attention on a
- * prefill chunk), cuBLAS as the GEMV baseline, the GDN recurrence (gdn op) on decode
- * and prefill shapes (kernels/cuda/bench_gdn.cu), and an MoE layer's routed experts
- * (moe_experts, moe_route; kernels/cuda/bench_moe.cu).
+ * prefill chunk), cuBLAS as the GEMV baseline, the matmul op on NVFP4 weights, the GDN
+ * recurrence (gdn op) on decode and prefill shapes (kernels/cuda/bench_gdn.cu), and an
+ * MoE layer's routed experts (moe_experts, moe_route; kernels/cuda/bench_moe.cu).
  *
  * A plain C header (tools are compiled by gcc without SM70_HAVE_CUDA): CUDA builds get the
  * implementation in kernels/cuda/bench.cu, CPU-only builds the versions in
@@ -50,6 +50,17 @@ struct sm70__bench_gemv {
 
 /* y[n, rows] = x[n, cols] W^T with f16 W, f16 y. Returns 0 or -errno. */
 int sm70__bench_gemv(int rows, int cols, int n, int iters, struct sm70__bench_gemv *out);
+
+struct sm70__bench_nvfp4 {
+	double us;      /* the backend's matmul op on an NVFP4 weight (prepare_weight's) */
+	double bytes;   /* the packed codes + E4M3 scales one call reads (sm70_weight_bytes) */
+	double max_rel; /* max |fast - reference kernel| / max |reference| over y (f32 out) */
+};
+
+/* y[n, rows] = x[n, cols] W^T with a random NVFP4 W, f16 y, for each n of ns[0..n_ns)
+ * (out[i] for ns[i]); the weight is prepared once for all of them. Returns 0 or -errno. */
+int sm70__bench_nvfp4(int rows, int cols, const int *ns, int n_ns, int iters,
+		      struct sm70__bench_nvfp4 *out);
 
 struct sm70__bench_attn {
 	double us;          /* the backend's attention op, one layer */

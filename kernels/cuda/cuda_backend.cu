@@ -229,6 +229,7 @@ static const struct sm70_backend_ops cuda_ops = {
 	.add_rmsnorm = sm70__cuda_add_rmsnorm,
 	.add = sm70__cuda_add,
 	.matmul = sm70__cuda_matmul,
+	.prepare_weight = sm70__cuda_prepare_weight,
 	.head_norm_rope = sm70__cuda_head_norm_rope,
 	.kv_write = sm70__cuda_kv_write,
 	.attention = sm70__cuda_attention,
@@ -367,6 +368,7 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 		}
 	}
 	c->matmul_ref = wants_reference("SM70_MATMUL");
+	c->nvfp4_ref = wants_reference("SM70_NVFP4");
 	c->attn_ref = wants_reference("SM70_ATTENTION");
 	c->sample_ref = wants_reference("SM70_SAMPLER");
 	/* without its scratch the sample op runs its reference kernel */

@@ -62,6 +62,7 @@ struct sm70__cuda {
 	void *blas_ws;            /* its workspace, SM70__CUDA_BLAS_WS_BYTES */
 	int sticky;               /* first error seen (-EIO), 0 while healthy */
 	int matmul_ref;           /* SM70_MATMUL=reference */
+	int nvfp4_ref;            /* SM70_NVFP4=reference: ModelOpt layout, reference kernel */
 	int attn_ref;             /* SM70_ATTENTION=reference */
 	float *attn_part;         /* split-KV partials, SM70__CUDA_ATTN_PART_BYTES */
 	void *sample_scratch;     /* SM70__CUDA_SAMPLE_SCRATCH_BYTES, zeroed; NULL: reference */

@@ -24,6 +24,12 @@ void sm70__cuda_add_rmsnorm(struct sm70_backend *be, void *y, float *resid, cons
 void sm70__cuda_add(struct sm70_backend *be, float *resid, const void *x, size_t count);
 void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, const void *x,
 		       const struct sm70_weight *w, int n);
+/* matmul_nvfp4.cu: matmul on an NVFP4 weight (sm70__cuda_matmul routes there), and the
+ * backend's prepare_weight (host work and uploads; returns when the weight is uploaded). */
+void sm70__cuda_matmul_nvfp4(struct sm70_backend *be, void *y, int y_f32, const void *x,
+			     const struct sm70_weight *w, int n);
+int sm70__cuda_prepare_weight(struct sm70_backend *be, struct sm70_weight *w_out,
+			      const struct sm70_weight *host_modelopt, struct sm70_err *err);
 void sm70__cuda_head_norm_rope(struct sm70_backend *be, void *qk, int ld, int n, int n_heads,
 			       int head_dim, const float *norm_w, float eps, const int32_t *pos,
 			       int rot_dim, double theta);

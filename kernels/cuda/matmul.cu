@@ -24,7 +24,9 @@
  * The tensor-core kernel also serves silu_matmul.cu (sm70__cuda_gemv_tc_silu): the same
  * tiles with x = silu(gate) * up made while each step is staged.
  *
- * Non-goals: quantised weights; split-K across blocks (the grid is sized by rows alone,
+ * NVFP4 weights go to matmul_nvfp4.cu.
+ *
+ * Non-goals: other quantised weights; split-K across blocks (the grid is sized by rows alone,
  * which fills an H200 from 4096 rows on).
  */
 #include <mma.h>
@@ -452,8 +454,8 @@ static int want_simt(void)
 	return cached;
 }
 
-/* See backend.h. w->dtype must be f16 (the backend's weight_dtype); y must not overlap x
- * or W. */
+/* See backend.h. w->dtype must be f16 (the backend's weight_dtype) or NVFP4 (then
+ * matmul_nvfp4.cu computes it); y must not overlap x or W. */
 extern "C" void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, const void *x,
 				  const struct sm70_weight *w, int n)
 {
@@ -463,8 +465,12 @@ extern "C" void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, c
 
 	if (n <= 0 || rows <= 0)
 		return;
+	if (w->dtype == SM70_DTYPE_NVFP4) {
+		sm70__cuda_matmul_nvfp4(be, y, y_f32, x, w, n);
+		return;
+	}
 	if (w->dtype != SM70_DTYPE_F16) {
-		sm70__cuda_fail(be, "matmul", __FILE__, __LINE__, "weights must be f16");
+		sm70__cuda_fail(be, "matmul", __FILE__, __LINE__, "weights must be f16 or nvfp4");
 		return;
 	}
 	if (c->matmul_ref) {

@@ -33,6 +33,12 @@ int sm70__bench_gemv(int rows, int cols, int n, int iters, struct sm70__bench_ge
 	return -ENODEV;
 }
 
+int sm70__bench_nvfp4(int rows, int cols, const int *ns, int n_ns, int iters,
+		      struct sm70__bench_nvfp4 *out)
+{
+	return -ENODEV;
+}
+
 int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int batch, int ctx,
 			  int iters, struct sm70__bench_attn *out)
 {

@@ -53,7 +53,7 @@ static uint16_t *get_f16_codes(struct sm70_backend *be, const void *src, size_t 
 /* A weight on a backend, stored f16 (CUDA's weight_dtype; the CPU reads f16 too). */
 static struct sm70_weight mk_weight(struct sm70_backend *be, const float *v, int rows, int cols)
 {
-	struct sm70_weight w = { SM70_DTYPE_F16, rows, cols, NULL };
+	struct sm70_weight w = { .dtype = SM70_DTYPE_F16, .rows = rows, .cols = cols };
 	size_t n = (size_t)rows * cols;
 	uint16_t *h = malloc((n ? n : 1) * sizeof(*h));
 

@@ -201,7 +201,7 @@ static void gdn_once(struct sm70_backend *be, const struct gdn_layer *g, const s
 	const struct sm70_state_layout *l = &g->lay;
 	const int T = hb->n_tokens;
 	const size_t n_out = (size_t)T * l->n_v_heads * l->v_dim, n_st = state_floats(l);
-	struct sm70_state_layer st = { NULL, NULL, NULL };
+	struct sm70_state_layer st = { .conv = NULL };
 	struct dbatch d;
 	void *dq, *dba, *dout;
 	float *dal, *ddt;
@@ -399,7 +399,7 @@ static void conv_once(struct sm70_backend *be, const struct sm70_state_layout *l
 {
 	const int T = hb->n_tokens;
 	const size_t n_conv = (size_t)(l->n_slots + 1) * (l->conv_k - 1) * l->conv_dim;
-	struct sm70_state_layer st = { NULL, NULL, NULL };
+	struct sm70_state_layer st = { .conv = NULL };
 	struct dbatch d;
 	void *dx, *dout;
 	float *dw;

@@ -37,7 +37,7 @@ static struct sm70_backend *gpu, *gpu_ref, *cpu;
 /* A weight on a backend: f16 values (the CUDA weight_dtype; the CPU reads f16 too). */
 static struct sm70_weight mk_weight(struct sm70_backend *be, const float *v, int rows, int cols)
 {
-	struct sm70_weight w = { SM70_DTYPE_F16, rows, cols, NULL };
+	struct sm70_weight w = { .dtype = SM70_DTYPE_F16, .rows = rows, .cols = cols };
 	size_t n = (size_t)rows * cols;
 	uint16_t *h = malloc(n * sizeof(*h));
 
@@ -119,7 +119,7 @@ static void test_embed(void **state)
 		uint16_t *h = malloc((size_t)vocab * dim * 2);
 		float *ref = fvec((size_t)n * dim), *got = fvec((size_t)n * dim);
 		int32_t ids[5] = { 0, 299, 7, 150, 42 };
-		struct sm70_weight tg = { SM70_DTYPE_BF16, vocab, dim, NULL };
+		struct sm70_weight tg = { .dtype = SM70_DTYPE_BF16, .rows = vocab, .cols = dim };
 		float *xg = balloc(gpu, (size_t)n * dim * 4);
 		void *ig = up_bytes(gpu, ids, sizeof(ids));
 

@@ -1,0 +1,304 @@
+/* test_cuda_nvfp4 - the CUDA matmul op on NVFP4 weights (kernels/cuda/matmul_nvfp4.cu)
+ * against its CPU twin on the same ModelOpt bytes: random and odd shapes, n = 1..16 and
+ * past 16, f16 and f32 outputs, a 448 / zero / subnormal-scale row each checked on its
+ * own; the reference paths (SM70_NVFP4=reference on ModelOpt's layout, SM70_MATMUL=
+ * reference and an unaligned x on the arranged one); a captured graph replayed over new x;
+ * prepare_weight's refusal of cols not a multiple of 16. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/dtype.h"
+#include "kernels/backend.h"
+
+#define GPU_TEST_SEED 0xf4e2d1c0ffeeULL
+#include "tests/gpu/gpu_test.h"
+
+/*
+ * Errors are max |got - ref| over max |ref| ("rel"). Both backends see the same f16 x
+ * and the same W: the CPU's elements are correctly rounded f32, the GPU's are exact
+ * (e2m1 * e4m3 in f16, 128 * scale2 on the f32 sum), so an f32 output differs only by the
+ * f32 summation order and that one product: K = 4096 terms of |x w| summed in two orders
+ * stay within a few 1e-6 of max |y| (the sums here are at most ~30 times max |y|).
+ * An f16 output adds its rounding, at most 2^-11 of a value's magnitude: <= 4.9e-4 of
+ * max |y|.
+ */
+#define TOL_F32 2e-5
+#define TOL_F16 6e-4
+
+static struct sm70_backend *gpu, *gpu_ref, *cpu, *gpu_fp4ref;
+
+/* ---- the matrices -------------------------------------------------------------------- */
+
+struct fp4_host {
+	struct sm70_weight w; /* ModelOpt layout, host memory owned here */
+};
+
+/* A random finite positive E4M3 scale byte (ModelOpt's scales are positive). */
+static uint8_t rnd_scale(void)
+{
+	return (uint8_t)rnd_int(0x7f); /* 0x00 .. 0x7e: zero, subnormals .. 448 */
+}
+
+/* Random codes and scales; row 0 has every scale 448 (0x7e), row 1 zero scales, row 2 the
+ * smallest subnormal (0x01). scale2 puts |W| at most ~0.05, as a checkpoint's. */
+static void fp4_host_new(struct fp4_host *h, int rows, int cols)
+{
+	const size_t nc = (size_t)rows * cols / 2, ns = (size_t)rows * cols / 16;
+	uint8_t *s;
+
+	h->w = (struct sm70_weight){ .dtype = SM70_DTYPE_NVFP4, .rows = rows, .cols = cols,
+				     .scale2 = 0.05f / 2688.0f };
+	h->w.data = malloc(nc);
+	h->w.scale = s = malloc(ns);
+	assert_non_null(h->w.data);
+	assert_non_null(s);
+	for (size_t i = 0; i < nc; i++)
+		((uint8_t *)h->w.data)[i] = (uint8_t)rnd_int(256);
+	for (size_t i = 0; i < ns; i++)
+		s[i] = rnd_scale();
+	for (int r = 0; r < 3 && r < rows; r++)
+		memset(s + (size_t)r * (cols / 16), r == 0 ? 0x7e : r == 1 ? 0x00 : 0x01,
+		       (size_t)cols / 16);
+}
+
+static void fp4_host_free(struct fp4_host *h)
+{
+	free(h->w.data);
+	free(h->w.scale);
+}
+
+static struct sm70_weight prepare(struct sm70_backend *be, const struct fp4_host *h)
+{
+	struct sm70_err err = { { 0 } };
+	struct sm70_weight w;
+
+	if (be->ops->prepare_weight(be, &w, &h->w, &err))
+		fail_msg("prepare_weight on %s: %s", be->name, err.msg);
+	return w;
+}
+
+static void release(struct sm70_backend *be, struct sm70_weight *w)
+{
+	bfree(be, w->data);
+	bfree(be, w->scale);
+}
+
+/* ---- one comparison ------------------------------------------------------------------ */
+
+/* y = x W^T on be (x shifted by x_off halves to test alignment), as floats in out. */
+static void run(struct sm70_backend *be, const struct sm70_weight *w, const float *x, int n,
+		int y_f32, int x_off, float *out)
+{
+	const size_t nx = (size_t)n * w->cols, ny = (size_t)n * w->rows;
+	float *padded = fvec(nx + (size_t)x_off);
+	void *bx, *by = balloc(be, ny * (y_f32 ? 4 : (be->act_dtype == SM70_DTYPE_F32 ? 4 : 2)));
+	const size_t esz = be->act_dtype == SM70_DTYPE_F32 ? 4 : 2;
+
+	memcpy(padded + x_off, x, nx * sizeof(float));
+	bx = up_act(be, padded, nx + (size_t)x_off);
+	be->ops->matmul(be, by, y_f32, (const char *)bx + (size_t)x_off * esz, w, n);
+	if (y_f32)
+		get_f32(be, out, by, ny);
+	else
+		get_act(be, out, by, ny);
+	bfree(be, by);
+	bfree(be, bx);
+	free(padded);
+}
+
+/* Row r of y [n][rows] for every i into dst [n]. */
+static void gather_row(float *dst, const float *y, int n, int rows, int r)
+{
+	for (int i = 0; i < n; i++)
+		dst[i] = y[(size_t)i * rows + r];
+}
+
+/* be's matmul against the CPU's on h with n rows of x. Row 1 (zero scales) must be
+ * zeros; with an f32 y, rows 0 and 2 (scales 448 and 2^-9) are also compared on their own
+ * scale, so that a subnormal product the tensor cores dropped would show (as f16, row 2's
+ * outputs, ~1e-6, are f16 subnormals themselves and their rounding is not the kernel's). */
+static void compare_case(struct sm70_backend *be, const char *path, const struct fp4_host *h,
+			 int n, int y_f32, int x_off)
+{
+	const int rows = h->w.rows, cols = h->w.cols;
+	const size_t ny = (size_t)n * rows;
+	float *x = rvec16((size_t)n * cols, 1.0f), *got = fvec(ny), *ref = fvec(ny);
+	float *rg = fvec((size_t)n), *rr = fvec((size_t)n);
+	struct sm70_weight wg = prepare(be, h), wc = prepare(cpu, h);
+	const double tol = y_f32 ? TOL_F32 : TOL_F16;
+	char what[128];
+
+	run(be, &wg, x, n, y_f32, x_off, got);
+	run(cpu, &wc, x, n, 1, 0, ref);
+	snprintf(what, sizeof(what), "%s [%d x %d] n %d %s%s", path, rows, cols, n,
+		 y_f32 ? "f32" : "f16", x_off ? " unaligned x" : "");
+	compare_values(what, got, ref, ny, tol);
+	for (int r = 0; r < 3 && r < rows; r++) {
+		gather_row(rg, got, n, rows, r);
+		gather_row(rr, ref, n, rows, r);
+		snprintf(what, sizeof(what), "  row %d (scales %s)", r,
+			 r == 0 ? "448" : r == 1 ? "zero" : "2^-9");
+		if (r == 1)
+			for (int i = 0; i < n; i++)
+				assert_true(rg[i] == 0.0f);
+		else if (y_f32)
+			compare_values(what, rg, rr, (size_t)n, tol);
+	}
+	release(cpu, &wc);
+	release(be, &wg);
+	free(rr);
+	free(rg);
+	free(ref);
+	free(got);
+	free(x);
+}
+
+/* ---- tests ------------------------------------------------------------------------- */
+
+/* The fast kernel on odd and model shapes (a tall one takes the two-tile blocks), every n
+ * up to 16 on one shape, and past 16 (slices of 16 rows). */
+static void test_fast_path(void **state)
+{
+	static const int shapes[][2] = { { 1, 16 },     { 7, 48 },      { 33, 80 },
+					 { 129, 1040 }, { 1000, 4096 }, { 9001, 256 } };
+	static const int ns[] = { 1, 3, 8, 16, 17, 40 };
+
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+		struct fp4_host h;
+
+		fp4_host_new(&h, shapes[s][0], shapes[s][1]);
+		for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++)
+			compare_case(gpu, "fast", &h, ns[k], (int)(k & 1), 0);
+		fp4_host_free(&h);
+	}
+	{
+		struct fp4_host h;
+
+		fp4_host_new(&h, 77, 208);
+		for (int n = 1; n <= 16; n++)
+			compare_case(gpu, "fast", &h, n, n % 2, 0);
+		fp4_host_free(&h);
+	}
+}
+
+/* SM70_NVFP4=reference keeps ModelOpt's bytes on the device and matches the CPU; the
+ * one-thread-an-output kernel on the arranged layout (SM70_MATMUL=reference, unaligned x)
+ * does too. */
+static void test_reference_paths(void **state)
+{
+	struct fp4_host h;
+	struct sm70_weight w;
+	uint8_t *back;
+
+	fp4_host_new(&h, 65, 1056);
+	w = prepare(gpu_fp4ref, &h);
+	back = malloc((size_t)65 * 1056 / 2);
+	assert_non_null(back);
+	assert_int_equal(gpu_fp4ref->ops->download(gpu_fp4ref, back, w.data, (size_t)65 * 528),
+			 0);
+	assert_memory_equal(back, h.w.data, (size_t)65 * 528);
+	printf("  SM70_NVFP4=reference: the device holds ModelOpt's bytes as they are\n");
+	free(back);
+	release(gpu_fp4ref, &w);
+	compare_case(gpu_fp4ref, "SM70_NVFP4=reference", &h, 5, 1, 0);
+	compare_case(gpu_fp4ref, "SM70_NVFP4=reference", &h, 19, 0, 0);
+	compare_case(gpu_ref, "SM70_MATMUL=reference", &h, 4, 1, 0);
+	compare_case(gpu, "fast backend", &h, 3, 1, 1);
+	fp4_host_free(&h);
+}
+
+/* A captured matmul replayed over new x equals eager runs bit for bit. */
+static void test_graph_replay(void **state)
+{
+	const int rows = 300, cols = 512, n = 6;
+	const size_t nx = (size_t)n * cols, ny = (size_t)n * rows;
+	struct fp4_host h;
+	struct sm70_weight w;
+	void *bx, *by, *graph = NULL;
+	float *x, *eager = fvec(ny), *replay = fvec(ny);
+
+	fp4_host_new(&h, rows, cols);
+	w = prepare(gpu, &h);
+	bx = balloc(gpu, nx * 2);
+	by = balloc(gpu, ny * 2);
+	assert_int_equal(gpu->ops->sync(gpu), 0);
+	assert_int_equal(gpu->ops->graph_begin(gpu), 0);
+	gpu->ops->matmul(gpu, by, 0, bx, &w, n);
+	assert_int_equal(gpu->ops->graph_end(gpu, &graph), 0);
+	for (int round = 0; round < 3; round++) {
+		x = rvec16(nx, 1.0f);
+		set_act(gpu, bx, x, nx);
+		assert_int_equal(gpu->ops->graph_launch(gpu, graph), 0);
+		get_act(gpu, replay, by, ny);
+		gpu->ops->matmul(gpu, by, 0, bx, &w, n);
+		get_act(gpu, eager, by, ny);
+		assert_memory_equal(replay, eager, ny * sizeof(float));
+		free(x);
+	}
+	printf("  graph replay == eager, bitwise, over 3 new x of [%d x %d]\n", n, cols);
+	gpu->ops->graph_destroy(gpu, graph);
+	bfree(gpu, by);
+	bfree(gpu, bx);
+	release(gpu, &w);
+	fp4_host_free(&h);
+	free(replay);
+	free(eager);
+}
+
+static void test_refusal(void **state)
+{
+	struct fp4_host h;
+	struct sm70_err err = { { 0 } };
+	struct sm70_weight w, bad;
+
+	fp4_host_new(&h, 4, 48);
+	bad = h.w;
+	bad.cols = 24;
+	assert_int_equal(gpu->ops->prepare_weight(gpu, &w, &bad, &err), -EINVAL);
+	assert_null(w.data);
+	assert_non_null(strstr(err.msg, "multiple of 16"));
+	printf("  refused: %s\n", err.msg);
+	fp4_host_free(&h);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_fast_path),
+		cmocka_unit_test(test_reference_paths),
+		cmocka_unit_test(test_graph_replay),
+		cmocka_unit_test(test_refusal),
+	};
+	struct sm70_err err = { { 0 } };
+	int ret;
+
+	/* the NVFP4 switch's own backend, beside the three gpu_test_main makes */
+	setenv("SM70_NVFP4", "reference", 1);
+	ret = sm70_backend_cuda_create(&gpu_fp4ref, 0, &err);
+	unsetenv("SM70_NVFP4");
+	if (ret == -ENODEV) {
+		printf("SKIP: no CUDA device (%s)\n", err.msg);
+		return 0;
+	}
+	if (ret) {
+		fprintf(stderr, "cuda backend (SM70_NVFP4=reference): %s\n", err.msg);
+		return 1;
+	}
+	ret = gpu_test_main("cuda_nvfp4", tests, sizeof(tests) / sizeof(tests[0]), &gpu,
+			    &gpu_ref, &cpu);
+	if (gpu_fp4ref->ops->sync(gpu_fp4ref)) {
+		fprintf(stderr, "a CUDA error was recorded on the SM70_NVFP4=reference backend\n");
+		ret = 1;
+	}
+	sm70_backend_destroy(gpu_fp4ref);
+	return ret;
+}
