@@ -44,6 +44,11 @@ struct sm70_weight {
 	void *data;
 	void *scale;  /* NVFP4: the E4M3 block scales (backend memory); else NULL */
 	float scale2; /* NVFP4: the per-matrix scale (ModelOpt's weight_scale_2) */
+	/* NVFP4, optional: f32 [rows] in backend memory, row r's scale2 (it supersedes
+	 * scale2 when set). A matrix stacked from parts quantized separately (q | k | v,
+	 * gate | up) keeps each part's own scale this way, exactly. prepare_weight copies
+	 * it from the host matrix. */
+	float *row_scale2;
 };
 
 /* The bytes of backend memory w's matrix occupies as matmul reads it: rows * cols *
@@ -55,13 +60,17 @@ size_t sm70_weight_bytes(const struct sm70_weight *w);
 
 /* A stack of expert matrices [n_experts][rows][cols], row-major, in backend memory; the
  * dtypes of struct sm70_weight. Expert e's matrix starts at data + e * rows * cols
- * elements. */
+ * elements. NVFP4 stacks (made only by prepare_experts, in the backend's arrangement):
+ * data the codes, scale the E4M3 block scales, row_scale2 f32 [n_experts][rows] each
+ * expert row's scale2 (an expert's gate and up halves may carry different ones). */
 struct sm70_experts {
 	enum sm70_dtype dtype;
 	int n_experts;
 	int rows;
 	int cols;
 	void *data;
+	void *scale;
+	float *row_scale2;
 };
 
 /*
@@ -270,6 +279,18 @@ struct sm70_backend_ops {
 	 */
 	int (*prepare_weight)(struct sm70_backend *be, struct sm70_weight *w_out,
 			      const struct sm70_weight *host_modelopt, struct sm70_err *err);
+
+	/*
+	 * Optional (NULL: the backend takes no NVFP4 experts). From host_modelopt, an NVFP4
+	 * expert stack in host memory in ModelOpt's layout per expert (data uint8
+	 * [n_experts][rows][cols / 2], scale E4M3 [n_experts][rows][cols / 16], row_scale2
+	 * f32 [n_experts][rows]; the rules of prepare_weight), makes *out in this backend's
+	 * arrangement in new backend memory (data, scale, row_scale2 from buf_alloc; the
+	 * caller frees all three). moe_experts then reads it like any other stack. Returns
+	 * 0 or -errno with err set and nothing left allocated.
+	 */
+	int (*prepare_experts)(struct sm70_backend *be, struct sm70_experts *out,
+			       const struct sm70_experts *host_modelopt, struct sm70_err *err);
 
 	/* In place on qk (act; row i starts at qk + i*ld elements and holds n_heads heads of
 	 * head_dim): optional per-head RMSNorm with weight norm_w (f32 [head_dim], NULL to

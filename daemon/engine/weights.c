@@ -521,8 +521,10 @@ int sm70__load_experts(struct sm70_model *m, int r, const struct sm70_ckpt *ck, 
 	if (be->weight_dtype != SM70_DTYPE_COUNT)
 		dt = be->weight_dtype;
 	esz = sm70_dtype_size(dt);
-	*gate_up = (struct sm70_experts){ dt, n_experts, 2 * ni, hidden, NULL };
-	*down = (struct sm70_experts){ dt, n_experts, hidden, ni, NULL };
+	*gate_up = (struct sm70_experts){ .dtype = dt, .n_experts = n_experts, .rows = 2 * ni,
+					  .cols = hidden };
+	*down = (struct sm70_experts){ .dtype = dt, .n_experts = n_experts, .rows = hidden,
+				       .cols = ni };
 	gu_bytes = (size_t)2 * ni * hidden * esz;
 	dn_bytes = (size_t)hidden * ni * esz;
 	gate_up->data = be->ops->buf_alloc(be, gu_bytes * (size_t)n_experts);

@@ -189,8 +189,10 @@ extern "C" int sm70__bench_moe(int hidden, int inter, int n_experts, int top_k, 
 	m.n = batch;
 	m.k = top_k;
 	m.E = n_experts;
-	m.gu = (struct sm70_experts){ SM70_DTYPE_F16, n_experts, 2 * inter, hidden, NULL };
-	m.dn = (struct sm70_experts){ SM70_DTYPE_F16, n_experts, hidden, inter, NULL };
+	m.gu = (struct sm70_experts){ SM70_DTYPE_F16, n_experts, 2 * inter, hidden, NULL, NULL,
+				      NULL };
+	m.dn = (struct sm70_experts){ SM70_DTYPE_F16, n_experts, hidden, inter, NULL, NULL,
+				      NULL };
 	SM70_BENCH_CHECK(cudaMalloc(&m.gu.data, ngu * sizeof(__half)));
 	SM70_BENCH_CHECK(cudaMalloc(&m.dn.data, ndn * sizeof(__half)));
 	SM70_BENCH_CHECK(cudaMalloc(&m.ints, MB_ROUTES * per_route * sizeof(int32_t)));

@@ -296,10 +296,12 @@ static void exw_new(struct ex_weights *w, struct ex_shape sh)
 		w->gu[i] = sm70_f32_to_f16(rnd(agu));
 	for (size_t i = 0; i < ndn; i++)
 		w->dn[i] = sm70_f32_to_f16(rnd(2.0f * adn));
-	w->gu_c = (struct sm70_experts){ SM70_DTYPE_F16, sh.E, 2 * sh.inter, sh.hidden,
-					 up_bytes(cpu, w->gu, ngu * 2) };
-	w->dn_c = (struct sm70_experts){ SM70_DTYPE_F16, sh.E, sh.hidden, sh.inter,
-					 up_bytes(cpu, w->dn, ndn * 2) };
+	w->gu_c = (struct sm70_experts){ .dtype = SM70_DTYPE_F16, .n_experts = sh.E,
+					 .rows = 2 * sh.inter, .cols = sh.hidden,
+					 .data = up_bytes(cpu, w->gu, ngu * 2) };
+	w->dn_c = (struct sm70_experts){ .dtype = SM70_DTYPE_F16, .n_experts = sh.E,
+					 .rows = sh.hidden, .cols = sh.inter,
+					 .data = up_bytes(cpu, w->dn, ndn * 2) };
 	w->gu_g = w->gu_c;
 	w->dn_g = w->dn_c;
 	w->gu_g.data = balloc(gpu, ngu * 2);

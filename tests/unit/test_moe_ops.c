@@ -286,7 +286,8 @@ static void stack_new(struct sm70_backend *be, struct stack *st, enum sm70_dtype
 	const size_t count = (size_t)E * rows * cols;
 	const float a = sqrtf(3.0f / (float)cols); /* dots of O(1) */
 
-	st->s = (struct sm70_experts){ t, E, rows, cols, balloc(be, count * sm70_dtype_size(t)) };
+	st->s = (struct sm70_experts){ .dtype = t, .n_experts = E, .rows = rows, .cols = cols,
+				    .data = balloc(be, count * sm70_dtype_size(t)) };
 	st->f = malloc(sizeof(float) * count);
 	assert_non_null(st->f);
 	for (size_t i = 0; i < count; i++)
