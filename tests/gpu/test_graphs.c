@@ -21,6 +21,7 @@ static const char *const models[] = {
 	"tests/fixtures/qwen3-gqa6-d256-long",
 	"tests/fixtures/qwen3_5-gqa6-d256-hybrid",
 	"tests/fixtures/qwen3_5_moe-e16k4-shared",
+	"tests/fixtures/qwen4_exp-hc4-qsa-ple",
 };
 #define NREQ 5
 #define NTOK 40

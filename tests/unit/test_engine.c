@@ -3,8 +3,9 @@
  * under a starved KV pool gives the same tokens, seeded sampling does not depend on
  * batch composition, stop tokens / EOS / length finish correctly, cancellation frees
  * memory, bad requests are refused with a message, and dummy weights are deterministic.
- * Preemption and the prefix cache run on a hybrid (DeltaNet) model too: its state slots
- * come back, recompute after preemption is exact, and prefix caching is off for it. A
+ * Preemption and the prefix cache run on a hybrid (DeltaNet) model and on qwen4_exp too:
+ * their state slots come back, recompute after preemption is exact, and prefix caching is
+ * off for them. A
  * parked request (the daemon's fair admission) resumes with the same tokens. The prefix
  * cache is isolated by domain: one domain's prompt is a hit for it and not for another.
  */
@@ -22,6 +23,8 @@
 
 #define MODEL "tests/fixtures/qwen3-gqa2-d64-tied"
 #define HYBRID "tests/fixtures/qwen3_5-gqa6-d256-hybrid"
+/* hyper-connections, QSA (its selection past 16 tokens), PLE state and n-gram context */
+#define QWEN4 "tests/fixtures/qwen4_exp-hc4-qsa-ple"
 #define MAXR 8
 #define MAXT 128
 
@@ -154,6 +157,11 @@ static void test_preemption_same_tokens(void **state)
 static void test_preemption_hybrid(void **state)
 {
 	preemption_same_tokens(HYBRID);
+}
+
+static void test_preemption_qwen4(void **state)
+{
+	preemption_same_tokens(QWEN4);
 }
 
 /* Fewer recurrent-state slots than requests: admission waits for a slot, nothing is lost,
@@ -391,6 +399,11 @@ static void test_prefix_cache_hybrid(void **state)
 	prefix_cache(HYBRID);
 }
 
+static void test_prefix_cache_qwen4(void **state)
+{
+	prefix_cache(QWEN4);
+}
+
 /* Domains: A's prompt, then B's same prompt (another domain), then A's again, then B's
  * again: B's first is a miss (nothing computed less, cached_tokens 0), the repeats hit
  * their own domain's blocks; in one domain (the shared scope) B's first is a hit. Every
@@ -543,8 +556,10 @@ int main(void)
 		cmocka_unit_test(test_park_unpark),
 		cmocka_unit_test(test_preemption_same_tokens),
 		cmocka_unit_test(test_preemption_hybrid),
+		cmocka_unit_test(test_preemption_qwen4),
 		cmocka_unit_test(test_state_slots_bound_admission),
 		cmocka_unit_test(test_prefix_cache_hybrid),
+		cmocka_unit_test(test_prefix_cache_qwen4),
 		cmocka_unit_test(test_stop_and_length),
 		cmocka_unit_test(test_cancel_frees_blocks),
 		cmocka_unit_test(test_bad_requests),
