@@ -1,14 +1,16 @@
 /* test_hybrid_daemon - sm70d serves hybrid (DeltaNet) and MoE fixtures to concurrent clients with transformers' tokens. */
 /*
  * For each of a qwen3_5 fixture (DeltaNet + gated attention), a qwen3_next one (DeltaNet,
- * MoE with a shared expert, one dense layer) and a qwen3_moe one (attention + MoE), the
+ * MoE with a shared expert, one dense layer), a qwen3_moe one (attention + MoE) and a
+ * qwen4_exp one (hyper-connections, QSA, n-gram tables in pinned host memory), the
  * daemon runs it on the CPU backend with a 64-token step budget, so the long prompts are
  * chunked over several steps while other clients decode. Four client processes each
  * submit every case of the fixture's reference.json (greedy, the reference's
  * max_new_tokens) at once on one connection; each stream must equal transformers'
  * continuation. `sm70ctl --json status` must then show the recurrent state beside the KV
  * cache (hybrid models: every state slot and KV block free again, the prefix cache off
- * with its reason; the MoE-only model: no state, the prefix cache on).
+ * with its reason; the MoE-only model: no state, the prefix cache on) and the pinned
+ * n-gram tables' size.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -34,6 +36,7 @@ static const struct {
 	{ "tests/fixtures/qwen3_5-gqa6-d256-hybrid", 1 },
 	{ "tests/fixtures/qwen3_next-e16k3", 1 },
 	{ "tests/fixtures/qwen3_moe-e8k2", 0 },
+	{ "tests/fixtures/qwen4_exp-hc4-qsa-ple", 1 },
 };
 #define MAX_CASES 8
 #define MAX_PROMPT 1024
@@ -214,6 +217,9 @@ static void serve_fixture(const char *dir, int recurrent)
 	assert_int_equal(ival(st, "kv_blocks_free"), ival(st, "kv_blocks_total"));
 	assert_true(json_is_boolean(json_object_get(st, "prefix_cache")));
 	assert_int_equal(json_is_true(json_object_get(st, "prefix_cache")), !recurrent);
+	/* qwen4_exp: its two n-gram tables (2064 and 2208 bf16 rows of 16) in pinned memory */
+	assert_int_equal(ival(st, "pinned_host_bytes"),
+			 strstr(dir, "qwen4_exp") ? (2064 + 2208) * 16 * 2 : 0);
 	json_decref(st);
 	assert_int_equal(sm70t_daemon_stop(&d, SIGTERM, 10000), 0);
 	sm70t_daemon_cleanup(&d);
