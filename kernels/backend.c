@@ -1,5 +1,6 @@
 /* backend.c - what both backends share: destroying one through its op table, weight byte
- * counts, and the check of an NVFP4 matrix handed to prepare_weight. */
+ * counts, and the checks of an NVFP4 matrix handed to prepare_weight and of an NVFP4 expert
+ * stack handed to prepare_experts. */
 #include "kernels/backend.h"
 
 #include <errno.h>
@@ -47,5 +48,42 @@ int sm70__nvfp4_check(const struct sm70_weight *w, struct sm70_err *err)
 					 "nvfp4 weight [%d, %d]: weight_scale[%zu][%zu] is an E4M3 "
 					 "NaN (0x%02x)", w->rows, w->cols, i / (size_t)(w->cols / 16),
 					 i % (size_t)(w->cols / 16), sc[i]);
+	return 0;
+}
+
+int sm70__nvfp4_experts_check(const struct sm70_experts *s, struct sm70_err *err)
+{
+	const uint8_t *sc = s->scale;
+	size_t blocks, rows;
+
+	if (s->dtype != SM70_DTYPE_NVFP4)
+		return sm70_errf(err, -EINVAL, "prepare_experts: dtype %s is not nvfp4",
+				 sm70_dtype_name(s->dtype));
+	if (s->n_experts < 1 || s->rows < 1 || s->cols < 16 || s->cols % 16)
+		return sm70_errf(err, -EINVAL,
+				 "nvfp4 experts [%d][%d, %d]: need at least one expert and cols a "
+				 "positive multiple of 16 (one E4M3 scale per 16 elements)",
+				 s->n_experts, s->rows, s->cols);
+	if (!s->data || !s->scale || !s->row_scale2)
+		return sm70_errf(err, -EINVAL, "nvfp4 experts [%d][%d, %d]: no %s", s->n_experts,
+				 s->rows, s->cols,
+				 !s->data ? "packed weight" : !s->scale ? "weight_scale" :
+					    "weight_scale_2");
+	rows = (size_t)s->n_experts * (size_t)s->rows;
+	for (size_t i = 0; i < rows; i++)
+		if (!isfinite(s->row_scale2[i]) || s->row_scale2[i] < 0.0f)
+			return sm70_errf(err, -EINVAL,
+					 "nvfp4 experts [%d][%d, %d]: expert %zu row %zu: "
+					 "weight_scale_2 is %g (must be finite and >= 0)",
+					 s->n_experts, s->rows, s->cols, i / (size_t)s->rows,
+					 i % (size_t)s->rows, (double)s->row_scale2[i]);
+	blocks = (size_t)(s->cols / 16);
+	for (size_t i = 0; i < rows * blocks; i++)
+		if ((sc[i] & 0x7f) == 0x7f)
+			return sm70_errf(err, -EINVAL,
+					 "nvfp4 experts [%d][%d, %d]: expert %zu row %zu: "
+					 "weight_scale[%zu] is an E4M3 NaN (0x%02x)", s->n_experts,
+					 s->rows, s->cols, i / blocks / (size_t)s->rows,
+					 i / blocks % (size_t)s->rows, i % blocks, sc[i]);
 	return 0;
 }

@@ -418,6 +418,10 @@ struct sm70_backend_ops {
 	 * first and second halves of gate_up_e x[t] (gate_up rows = 2 * inter, gate first;
 	 * down: [hidden][inter]); f32 accumulation. mid (act [n * k][inter]) and part (f32
 	 * [n * k][hidden]) are the caller's scratch. Only the experts in route->used are read.
+	 * NVFP4 stacks (gate_up and down both, from this backend's prepare_experts) are
+	 * dequantised exactly: element (e, r, c) =
+	 * e2m1 * e4m3 * row_scale2[e][r] (the CPU in f32; CUDA: e2m1 * e4m3 exactly in f16,
+	 * row_scale2 applied to the f32 sums).
 	 */
 	void (*moe_experts)(struct sm70_backend *be, void *out, const void *x,
 			    const struct sm70_experts *gate_up, const struct sm70_experts *down,
@@ -578,6 +582,12 @@ int sm70_backend_null_create(struct sm70_backend **out, struct sm70_err *err);
  * prepare_weight accepts (see there), else -EINVAL with err naming the reason. Reads
  * every scale byte. */
 int sm70__nvfp4_check(const struct sm70_weight *host_modelopt, struct sm70_err *err);
+
+/* For prepare_experts implementations: 0 when host_modelopt is an NVFP4 expert stack
+ * prepare_experts accepts (n_experts >= 1 and each expert a matrix prepare_weight accepts;
+ * every row_scale2 finite and >= 0), else -EINVAL with err naming the expert, row or block.
+ * Reads every scale byte and row scale. */
+int sm70__nvfp4_experts_check(const struct sm70_experts *host_modelopt, struct sm70_err *err);
 
 /* Destroys a backend made by any constructor (NULL is fine). */
 void sm70_backend_destroy(struct sm70_backend *be);

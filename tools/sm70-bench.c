@@ -1,7 +1,7 @@
 /*
  * sm70-bench - the benchmark driver.
  *
- *   sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|all [--iters N] [--device N]
+ *   sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|moe-nvfp4|all [--iters N] [--device N]
  *   sm70-bench decode -m MODEL_DIR ...      end-to-end decode (tools/bench/decode.c)
  *   sm70-bench ipc ...                      the transport alone (tools/bench/ipc.c)
  *
@@ -19,7 +19,10 @@
  * of the experts the batch chose, on the grouped path beside the reference path (not
  * part of `all`). `nvfp4` times the matmul op on NVFP4 weights on the GEMV shapes at B1,
  * B8 and B16 against the bytes of the packed codes and scales, beside the f16 matmul op on
- * the same shape in the same run (not part of `all`).
+ * the same shape in the same run (not part of `all`). `moe-nvfp4` times the routed experts
+ * on NVFP4 stacks on the two `moe` shapes at B1, B8 and B16 against the selected experts'
+ * NVFP4 bytes (codes, block scales, row scales), beside the f16 stacks on the same routings
+ * in the same run (not part of `all`).
  *
  * Every row prints the median time of one op, the bytes it must read over that time, and
  * that as a fraction of the read bandwidth (a plain read kernel) and of the D2D copy
@@ -43,8 +46,8 @@ struct ref_bw {
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|all [--iters N] "
-		   "[--device N]\n"
+	fprintf(f, "usage: sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|moe-nvfp4|all "
+		   "[--iters N] [--device N]\n"
 		   "       sm70-bench decode -m MODEL_DIR [options]   (decode --help)\n"
 		   "       sm70-bench ipc [options]                   (ipc --help)\n"
 		   "       sm70-bench allreduce [--gpus N] [--json]   (allreduce --help)\n");
@@ -382,6 +385,83 @@ static int run_moe(int iters, const struct ref_bw *bw)
 	return 0;
 }
 
+/*
+ * The routed experts on NVFP4 stacks on the `moe` shapes (next first: E512 / k10), %read
+ * over the selected experts' NVFP4 bytes, with the f16 stacks on the same routings beside
+ * them and the speedup. A second table splits the NVFP4 path into its launches and times
+ * its other tile variants.
+ */
+static int run_moe_nvfp4(int iters, const struct ref_bw *bw)
+{
+	static const struct {
+		const char *name;
+		int hidden, inter, n_experts, top_k;
+	} shapes[] = {
+		{ "next", 2048, 512, 512, 10 },
+		{ "30b-a3b", 2048, 768, 128, 8 },
+	};
+	static const int batches[] = { 1, 8, 16 };
+	struct sm70__bench_moe_nvfp4 r[2][3];
+
+	printf("\n== MoE routed experts on NVFP4 stacks (moe_experts op), hidden 2048: next 512 x "
+	       "512 top-10, 30b-a3b 128 x 768 top-8; median of %d\n", iters);
+	printf("bytes: distinct experts a call reads x their NVFP4 bytes (codes + E4M3 block "
+	       "scales + f32 row scales), the mean over 16 random routings, a call each in turn; "
+	       "us: grouped path, graph; eager: queued one by one; ref: SM70_MOE=reference, "
+	       "graph; f16: the f16 stacks' grouped path on the same routings (%%read of their "
+	       "bytes); speedup: f16 us / us; max rel: grouped vs ref\n");
+	header("experts eager us   ref us   f16 us f16 %read speedup  max rel");
+	for (size_t s = 0; s < 2; s++) {
+		int ret = sm70__bench_moe_nvfp4(shapes[s].hidden, shapes[s].inter,
+						shapes[s].n_experts, shapes[s].top_k, batches, 3,
+						iters, r[s]);
+
+		if (ret) {
+			fprintf(stderr, "sm70-bench: moe-nvfp4 %s: error %d\n", shapes[s].name,
+				ret);
+			return ret;
+		}
+		for (size_t bi = 0; bi < 3; bi++) {
+			const struct sm70__bench_moe_nvfp4 *q = &r[s][bi];
+			char name[64], extra[160];
+
+			snprintf(name, sizeof(name), "moe-nvfp4 %s B%d", shapes[s].name, batches[bi]);
+			snprintf(extra, sizeof(extra), "%7.1f %8.2f %8.2f %8.2f %8.1f%% %6.2fx  %.1e",
+				 q->experts, q->us_eager, q->us_ref, q->us_f16,
+				 100.0 * q->bytes_f16 / q->us_f16 * 1e-3 / bw->read,
+				 q->us_f16 / q->us, q->max_rel);
+			row(name, q->us, q->bytes, bw, extra);
+		}
+	}
+	printf("\n== MoE NVFP4 path apart (graph): its launches alone (%%read of their own "
+	       "bytes) and the other tile variants (us)\n");
+	printf("%-24s %9s %16s %16s %8s %8s\n", "case", "v0 us", "gate_up (%read)",
+	       "down (%read)", "v1 us", "v2 us");
+	for (size_t s = 0; s < 2; s++) {
+		/* gate_up's share of an expert's NVFP4 bytes: 2 inter of its 2 inter + hidden
+		 * rows of codes and scales (9/16 of a byte an element over 2 inter x hidden of
+		 * 3 inter x hidden elements) and of row scales */
+		const double h = shapes[s].hidden, i2 = 2.0 * shapes[s].inter;
+		const double gu_share = (i2 * h * 9 / 16 + i2 * 4) /
+					(1.5 * i2 * h * 9 / 16 + (i2 + h) * 4);
+
+		for (size_t bi = 0; bi < 3; bi++) {
+			const struct sm70__bench_moe_nvfp4 *q = &r[s][bi];
+			char name[64], gu[32], dn[32];
+
+			snprintf(name, sizeof(name), "moe-nvfp4 %s B%d", shapes[s].name, batches[bi]);
+			snprintf(gu, sizeof(gu), "%.2f (%.0f%%)", q->us_pass[0],
+				 100.0 * q->bytes * gu_share / q->us_pass[0] * 1e-3 / bw->read);
+			snprintf(dn, sizeof(dn), "%.2f (%.0f%%)", q->us_pass[1],
+				 100.0 * q->bytes * (1 - gu_share) / q->us_pass[1] * 1e-3 /
+					 bw->read);
+			printf("%-24s %9.2f %16s %16s %8.2f %8.2f\n", name, q->us, gu, dn,
+			       q->us_var[0], q->us_var[1]);
+		}
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *what = NULL;
@@ -406,6 +486,7 @@ int main(int argc, char **argv)
 		} else if (!what && (!strcmp(argv[i], "bw") || !strcmp(argv[i], "gemv") ||
 				     !strcmp(argv[i], "attention") || !strcmp(argv[i], "prefill") ||
 				     !strcmp(argv[i], "gdn") || !strcmp(argv[i], "moe") ||
+				     !strcmp(argv[i], "moe-nvfp4") ||
 				     !strcmp(argv[i], "nvfp4") ||
 				     !strcmp(argv[i], "all"))) {
 			what = argv[i];
@@ -446,6 +527,8 @@ int main(int argc, char **argv)
 		ret = run_moe(iters, &bw);
 	if (!ret && !strcmp(what, "nvfp4"))
 		ret = run_nvfp4(iters, &bw);
+	if (!ret && !strcmp(what, "moe-nvfp4"))
+		ret = run_moe_nvfp4(iters, &bw);
 	sm70__bench_close();
 	return ret ? 1 : 0;
 }

@@ -267,6 +267,8 @@ void sm70__cpu_moe_experts(struct sm70_backend *be, void *out, const void *x,
 			   const struct sm70_experts *gate_up, const struct sm70_experts *down,
 			   const struct sm70_moe_route *route, int n, int k, void *mid,
 			   float *part);
+int sm70__cpu_prepare_experts(struct sm70_backend *be, struct sm70_experts *out,
+			      const struct sm70_experts *host_modelopt, struct sm70_err *err);
 void sm70__cpu_sigmoid_scale_add(struct sm70_backend *be, void *out, const void *x,
 				 const float *gate, int ld, int n, int dim);
 void sm70__cpu_group_rmsnorm(struct sm70_backend *be, void *y, const void *x, int x_f32,

@@ -3,7 +3,8 @@
  * runs of the CUDA backend's matmul and attention ops on decode shapes (and attention on a
  * prefill chunk), cuBLAS as the GEMV baseline, the matmul op on NVFP4 weights, the GDN
  * recurrence (gdn op) on decode and prefill shapes (kernels/cuda/bench_gdn.cu), and an
- * MoE layer's routed experts (moe_experts, moe_route; kernels/cuda/bench_moe.cu).
+ * MoE layer's routed experts (moe_experts, moe_route; kernels/cuda/bench_moe.cu), on f16
+ * and on NVFP4 stacks.
  *
  * A plain C header (tools are compiled by gcc without SM70_HAVE_CUDA): CUDA builds get the
  * implementation in kernels/cuda/bench.cu, CPU-only builds the versions in
@@ -130,5 +131,24 @@ struct sm70__bench_moe {
  * turn), with every path timed in the same run. Returns 0 or -errno. */
 int sm70__bench_moe(int hidden, int inter, int n_experts, int top_k, int batch, int iters,
 		    struct sm70__bench_moe *out);
+
+struct sm70__bench_moe_nvfp4 {
+	double us;         /* moe_experts on NVFP4 stacks, grouped path, graph */
+	double us_eager;   /* the same calls queued one by one */
+	double us_var[2];  /* the NVFP4 grouped path's tile variants 1 and 2 (graph) */
+	double us_pass[2]; /* its gate_up and down launches alone (graph) */
+	double us_ref;     /* the reference path (SM70_MOE=reference), graph */
+	double us_f16;     /* the f16 stacks' grouped path on the same routings, graph */
+	double experts;    /* distinct experts a call reads, the mean over the routings */
+	double bytes;      /* their NVFP4 bytes: codes + block scales + row scales */
+	double bytes_f16;  /* their f16 gate_up + down bytes */
+	double max_rel;    /* NVFP4 grouped vs reference on one routing */
+};
+
+/* moe_experts as sm70__bench_moe, on NVFP4 stacks (prepare_experts from random ModelOpt
+ * bytes, once for all batches) beside f16 stacks of the same shape, for each batch of
+ * batches[0..n_batches) (out[i] for batches[i]). Returns 0 or -errno. */
+int sm70__bench_moe_nvfp4(int hidden, int inter, int n_experts, int top_k, const int *batches,
+			  int n_batches, int iters, struct sm70__bench_moe_nvfp4 *out);
 
 #endif

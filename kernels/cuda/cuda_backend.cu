@@ -230,6 +230,7 @@ static const struct sm70_backend_ops cuda_ops = {
 	.add = sm70__cuda_add,
 	.matmul = sm70__cuda_matmul,
 	.prepare_weight = sm70__cuda_prepare_weight,
+	.prepare_experts = sm70__cuda_prepare_experts,
 	.head_norm_rope = sm70__cuda_head_norm_rope,
 	.kv_write = sm70__cuda_kv_write,
 	.attention = sm70__cuda_attention,

@@ -81,9 +81,14 @@ void sm70__cuda_moe_experts(struct sm70_backend *be, void *out, const void *x,
 			    const struct sm70_experts *gate_up, const struct sm70_experts *down,
 			    const struct sm70_moe_route *route, int n, int k, void *mid,
 			    float *part);
-/* Benchmark and test hook (sm70-bench moe, test_cuda_moe) for moe_experts: path 1 the
- * reference kernels, 0 the grouped ones, -1 (the default) SM70_MOE from the environment;
- * variant, the grouped kernels' tile shapes (0, the default, to 4); passes, a mask of the
+/* moe_experts_nvfp4.cu: the backend's prepare_experts (host work and uploads; returns when
+ * the stack is uploaded); moe_experts routes NVFP4 stacks to that file's kernels. */
+int sm70__cuda_prepare_experts(struct sm70_backend *be, struct sm70_experts *out,
+			       const struct sm70_experts *host_modelopt, struct sm70_err *err);
+/* Benchmark and test hook (sm70-bench moe and moe-nvfp4, test_cuda_moe and
+ * test_cuda_moe_nvfp4) for moe_experts: path 1 the reference kernels, 0 the grouped ones,
+ * -1 (the default) SM70_MOE from the environment; variant, the grouped kernels' tile shapes
+ * (0, the default, to 4 on f16 stacks, to 2 on NVFP4 ones); passes, a mask of the
  * launches to queue (1 gate_up, 2 down, 4 combine; 0, the default: all), for timing them
  * apart. Process-wide, read when an op is queued (a captured graph keeps what it was
  * captured with); not thread-safe; the engine never calls it. */

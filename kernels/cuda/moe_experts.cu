@@ -36,7 +36,11 @@
  * then * u; * w after the down dot; the j-ordered sum), other summation orders inside the
  * dots, and mid rounded to f16 (the act dtype) between the passes.
  *
- * Non-goals: quantised experts, expert parallelism, a tuned prefill (n > 16) path.
+ * NVFP4 stacks (both, from prepare_experts): moe_experts_nvfp4.cu queues their gate_up and
+ * down passes (grouped or reference, by the same switch and tune hook), then the combine
+ * here.
+ *
+ * Non-goals: other quantised experts, expert parallelism, a tuned prefill (n > 16) path.
  */
 #include <mma.h>
 #include <stdint.h>
@@ -439,9 +443,10 @@ static int moe_want_reference(void)
 	return cached;
 }
 
-/* See backend.h. gate_up and down must be f16 stacks of the same n_experts, gate_up rows
- * even, down [hidden][inter] with hidden = gate_up->cols (otherwise nothing is queued,
- * as on the CPU; f32/bf16 stacks are refused through the sticky error). The route must be
+/* See backend.h. gate_up and down must be f16 stacks, or NVFP4 stacks both, of the same
+ * n_experts, gate_up rows even, down [hidden][inter] with hidden = gate_up->cols
+ * (otherwise nothing is queued, as on the CPU; other dtypes are refused through the sticky
+ * error). The route must be
  * one moe_route wrote for these n and k; ids or groups out of range are skipped, never
  * followed. out must not overlap x, mid or part. */
 extern "C" void sm70__cuda_moe_experts(struct sm70_backend *be, void *out, const void *x,
@@ -456,13 +461,15 @@ extern "C" void sm70__cuda_moe_experts(struct sm70_backend *be, void *out, const
 	const uintptr_t align = (uintptr_t)x | (uintptr_t)mid | (uintptr_t)gate_up->data |
 				(uintptr_t)down->data;
 	const int passes = tune_passes ? tune_passes : 7;
-	int nk, slots, blocks;
+	int nk, slots, blocks, fp4;
 
 	if (n <= 0 || k < 1 || gate_up->rows < 2 || gate_up->rows % 2 || H < 1 ||
 	    down->rows != H || down->cols != I || down->n_experts != E || E < 1)
 		return;
-	if (gate_up->dtype != SM70_DTYPE_F16 || down->dtype != SM70_DTYPE_F16) {
-		sm70__cuda_fail(be, "moe_experts", __FILE__, __LINE__, "experts must be f16");
+	fp4 = gate_up->dtype == SM70_DTYPE_NVFP4 && down->dtype == SM70_DTYPE_NVFP4;
+	if (!fp4 && (gate_up->dtype != SM70_DTYPE_F16 || down->dtype != SM70_DTYPE_F16)) {
+		sm70__cuda_fail(be, "moe_experts", __FILE__, __LINE__,
+				"experts must be f16 or nvfp4 (both stacks)");
 		return;
 	}
 	if (nk64 > INT32_MAX / 2) {
@@ -471,7 +478,12 @@ extern "C" void sm70__cuda_moe_experts(struct sm70_backend *be, void *out, const
 	}
 	nk = (int)nk64;
 	slots = nk < E ? nk : E; /* the most distinct experts a step can read */
-	if (!moe_want_reference() && H % 8 == 0 && I % 8 == 0 && align % 16 == 0) {
+	if (fp4) {
+		if (sm70__cuda_moe_nvfp4_passes(c, (const __half *)x, gate_up, down, route, n, k,
+						(__half *)mid, part, moe_want_reference(),
+						tune_variant, passes))
+			return;
+	} else if (!moe_want_reference() && H % 8 == 0 && I % 8 == 0 && align % 16 == 0) {
 		struct ex_args a = { (const __half *)x, (const __half *)gate_up->data,
 				     (__half *)mid, part, route->w, route->order, route->used,
 				     route->used_first, route->n_used, E, k, nk, I, H };
