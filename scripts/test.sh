@@ -2,7 +2,8 @@
 # Installs what is missing, builds, and runs every test: the normal build, then the
 # whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, then the libFuzzer
 # targets for submission-entry validation and the tokenizer, each for a bounded time
-# (FUZZ_SECONDS, default 60), then (in CI) the Debian packages end to end.
+# (FUZZ_SECONDS, default 60), then (in CI) the V100 build (sm_70 with CUDA 11.8) and the
+# Debian packages end to end.
 # Usage: scripts/test.sh            (from anywhere; needs root or sudo for installs)
 set -eu
 cd "$(dirname "$0")/.."
@@ -18,6 +19,17 @@ echo "== fuzz sm70_proto_validate_submit (${FUZZ_SECONDS:-60} s)"
 tests/fuzz/run.sh
 echo "== fuzz the tokenizer (${FUZZ_SECONDS:-60} s)"
 tests/fuzz/run-tokenizer.sh
+# The V100 build: the CUDA backend compiled for sm_70 with Debian's CUDA 11.8 (CUDA 13
+# cannot target it), so the claim that every kernel keeps to the SM70 feature set is
+# checked. It downloads 1.6 GB: CI (CI=true) or SM70_TEST_V100=1.
+if [ "${CI:-}" = true ] || [ "${SM70_TEST_V100:-0}" = 1 ]; then
+	echo "== V100 build (sm_70, CUDA 11.8 from Debian non-free)"
+	scripts/install-v100-toolchain.sh
+	scons -Q -j"$jobs" BUILD_DIR=build/v100 CUDA=1 CUDA_HOME=/usr CUDA_ARCHS=70 \
+		build/v100/bin build/v100/tests-gpu
+else
+	echo "== V100 build: skipped (downloads CUDA 11.8; run with CI=true or SM70_TEST_V100=1)"
+fi
 # The packaging check installs and purges system packages and a system user: it runs in CI
 # (CI=true, as .ci/run sets) or when asked for with SM70_TEST_PACKAGING=1.
 if [ "${CI:-}" = true ] || [ "${SM70_TEST_PACKAGING:-0}" = 1 ]; then

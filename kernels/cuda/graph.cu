@@ -31,7 +31,11 @@ extern "C" int sm70__cuda_graph_end(struct sm70_backend *be, void **graph)
 	ret = SM70_CUDA_CHECK(be, cudaStreamEndCapture(c->stream, &g));
 	if (ret)
 		return ret;
+#if CUDART_VERSION >= 12000
 	ret = SM70_CUDA_CHECK(be, cudaGraphInstantiate(&exec, g, 0));
+#else /* CUDA 11 (the V100 toolchain): the error-node form */
+	ret = SM70_CUDA_CHECK(be, cudaGraphInstantiate(&exec, g, NULL, NULL, 0));
+#endif
 	cudaGraphDestroy(g); /* the executable graph keeps what it needs */
 	if (ret)
 		return ret;

@@ -1,6 +1,6 @@
 /*
- * comm_bench_absent.c - the `sm70-bench allreduce` helpers in builds without CUDA: they
- * report that no device is there, so the tool can say so and exit.
+ * comm_bench_absent.c - the `sm70-bench allreduce` helpers in builds without CUDA or
+ * without NCCL (SM70_NO_NCCL): they say which, so the tool can report it and exit.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -11,7 +11,13 @@ int sm70__comm_bench_open(int n_gpus, size_t max_bytes, struct sm70__comm_bench_
 			  char *msg, size_t msg_len)
 {
 	if (msg && msg_len)
-		snprintf(msg, msg_len, "built without CUDA");
+		snprintf(msg, msg_len, "built without %s",
+#ifdef SM70_NO_NCCL
+			 "NCCL (nccl.h was not found at build time)"
+#else
+			 "CUDA"
+#endif
+		);
 	return -ENODEV;
 }
 
