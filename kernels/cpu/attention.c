@@ -12,9 +12,10 @@
  * recomputes the scores in two passes instead: max first, then exp, sum and the V sum
  * together. Same math, one more pass over K.
  *
- * The per-(token, head) work is sm70__cpu_attend_head, over positions 0..n-1 here and over
- * a list of positions for sparse_attention (sparse_attention.c), so that the two give the
- * same bits when the list is every position.
+ * The per-(token, head) work is attend_head, over positions 0..tok_pos here and over a
+ * token's list of positions for sparse_attention (sparse_attention.c, through
+ * sm70__cpu_attend_tokens), so that the two give the same bits when the list is every
+ * position.
  *
  * Non-goals: sliding windows, ALiBi, soft-capping, sinks; speed beyond what the
  * compiler gives plain loops (this is the reference).
@@ -34,10 +35,13 @@ struct attn_job {
 	const struct sm70_kv_layer *kv;
 	const struct sm70_kv_layout *lay;
 	const struct sm70_batch *b;
+	const int32_t *sel; /* NULL: token t attends to 0..tok_pos; else to sel[t * sel_ld] */
+	const int32_t *n_sel;
+	int sel_ld;
 	int n_heads;
 	float scale;
 	float *scratch; /* NULL: two-pass path */
-	size_t stride;  /* floats per thread slice, >= b->max_pos when scratch is set */
+	size_t stride;  /* floats per thread slice, at least the rows asked for with scratch */
 };
 
 /* n cache elements from element index off, as f32 (FP8 times its scale). */
@@ -102,9 +106,15 @@ static size_t attn_slot(const int32_t *bt, int bs, int p)
 	return (size_t)bt[p / bs] * bs + p % bs;
 }
 
-void sm70__cpu_attend_head(float *out, const float *q, const struct sm70_kv_layer *kv,
-			   const struct sm70_kv_layout *lay, const int32_t *bt, int kv_head,
-			   const int32_t *pos, int n, float scale, float *scores)
+/*
+ * Attention of one query head q (head_dim floats) over n positions of a sequence whose
+ * block table is bt: positions pos[0..n) (NULL: 0..n-1), KV head kv_head; writes head_dim
+ * floats to out (zeros when n <= 0). scores is scratch of at least n floats, or NULL for
+ * the two-pass form.
+ */
+static void attend_head(float *out, const float *q, const struct sm70_kv_layer *kv,
+			const struct sm70_kv_layout *lay, const int32_t *bt, int kv_head,
+			const int32_t *pos, int n, float scale, float *scores)
 {
 	const int hd = lay->head_dim, bs = lay->block_size;
 	const enum sm70_dtype t = lay->dtype;
@@ -169,14 +179,34 @@ static void attn_tasks(void *ctx, int begin, int end, int thread)
 
 	for (int task = begin; task < end; task++) {
 		const int tok = task / j->n_heads, h = task % j->n_heads;
-		const int npos = b->tok_pos[tok] + 1;
+		const int n = j->sel ? j->n_sel[tok] : b->tok_pos[tok] + 1;
+		const int32_t *pos = j->sel ? j->sel + (size_t)tok * j->sel_ld : NULL;
 		const int32_t *bt = b->block_tables + (size_t)b->tok_seq[tok] * b->max_blocks;
 
-		sm70__cpu_attend_head(j->out + ((size_t)tok * j->n_heads + h) * hd,
-				      j->q + (size_t)tok * j->q_ld + (size_t)h * hd, j->kv, j->lay,
-				      bt, h / group, NULL, npos, j->scale,
-				      (size_t)npos <= j->stride ? scores : NULL);
+		attend_head(j->out + ((size_t)tok * j->n_heads + h) * hd,
+			    j->q + (size_t)tok * j->q_ld + (size_t)h * hd, j->kv, j->lay, bt,
+			    h / group, pos, n, j->scale, (size_t)n <= j->stride ? scores : NULL);
 	}
+}
+
+/* See cpu_ops.h. */
+void sm70__cpu_attend_tokens(struct sm70_backend *be, void *out, const void *q, int q_ld,
+			     const struct sm70_kv_layer *kv, const struct sm70_kv_layout *lay,
+			     const struct sm70_batch *b, const int32_t *sel,
+			     const int32_t *n_sel, int sel_ld, int n_heads, float scale,
+			     size_t most)
+{
+	struct sm70__cpu *c = sm70__cpu_of(be);
+	struct attn_job j = { out, q, q_ld, kv, lay, b, sel, n_sel, sel_ld, n_heads, scale,
+			      NULL, 0 };
+	long tasks = (long)b->n_tokens * n_heads;
+
+	if (tasks <= 0 || lay->n_kv_heads <= 0 || n_heads % lay->n_kv_heads)
+		return;
+	j.scratch = sm70__cpu_scratch(c, most);
+	j.stride = c->scratch_stride;
+	sm70__pool_run(c->pool, (int)tasks,
+		       sm70__cpu_grain(most * (size_t)lay->head_dim * 4), attn_tasks, &j);
 }
 
 /* See backend.h. out must not overlap q or the cache; n_heads must be a multiple of
@@ -186,15 +216,8 @@ void sm70__cpu_attention(struct sm70_backend *be, void *out, const void *q, int 
 			 const struct sm70_kv_layer *kv, const struct sm70_kv_layout *lay,
 			 const struct sm70_batch *b, int n_heads, float scale)
 {
-	struct sm70__cpu *c = sm70__cpu_of(be);
-	struct attn_job j = { out, q, q_ld, kv, lay, b, n_heads, scale, NULL, 0 };
 	size_t max_pos = b->max_pos > 0 ? (size_t)b->max_pos : 1;
-	long tasks = (long)b->n_tokens * n_heads;
 
-	if (tasks <= 0 || lay->n_kv_heads <= 0 || n_heads % lay->n_kv_heads)
-		return;
-	j.scratch = sm70__cpu_scratch(c, max_pos);
-	j.stride = c->scratch_stride;
-	sm70__pool_run(c->pool, (int)tasks,
-		       sm70__cpu_grain(max_pos * (size_t)lay->head_dim * 4), attn_tasks, &j);
+	sm70__cpu_attend_tokens(be, out, q, q_ld, kv, lay, b, NULL, NULL, 0, n_heads, scale,
+				max_pos);
 }

@@ -212,14 +212,16 @@ static inline int sm70__cpu_token_slot(const struct sm70_batch *b, int n_slots, 
 }
 
 /*
- * Attention of one query head q (head_dim floats) over n positions of a sequence whose
- * block table is bt: positions pos[0..n) (NULL: 0..n-1), KV head kv_head; writes head_dim
- * floats to out (zeros when n <= 0). scores is scratch of at least n floats, or NULL for
- * the two-pass form. Defined in attention.c; sparse_attention.c shares it.
+ * The attention op's body (attention.c), which sparse_attention.c shares: every token of b
+ * attends, one (token, head) task at a time, to positions 0..tok_pos (sel NULL) or to the
+ * n_sel[t] positions at sel[t * sel_ld]. Score scratch is sized for most rows a task (a
+ * task with more takes the two-pass form). Arguments as the attention op's (backend.h).
  */
-void sm70__cpu_attend_head(float *out, const float *q, const struct sm70_kv_layer *kv,
-			   const struct sm70_kv_layout *lay, const int32_t *bt, int kv_head,
-			   const int32_t *pos, int n, float scale, float *scores);
+void sm70__cpu_attend_tokens(struct sm70_backend *be, void *out, const void *q, int q_ld,
+			     const struct sm70_kv_layer *kv, const struct sm70_kv_layout *lay,
+			     const struct sm70_batch *b, const int32_t *sel,
+			     const int32_t *n_sel, int sel_ld, int n_heads, float scale,
+			     size_t most);
 
 void sm70__cpu_embed(struct sm70_backend *be, float *x, const struct sm70_weight *table,
 		     const int32_t *ids, int n);

@@ -17,12 +17,13 @@
  * kernel combines them (weights in one pass, then 16-byte loads of every split at once).
  *
  * The fp32 SIMT kernel (SM70_ATTENTION=simt, or shapes the tensor-core path does not
- * take): one block per (token, KV head) as above, tiles copied (FP8 decoded) into shared
- * memory as f16, scores and P V in fp32 FMAs.
+ * take): one block per (token, KV head, split) as above, tiles copied (FP8 decoded) into
+ * shared memory as f16, scores and P V in fp32 FMAs. Its body is attn_decode.h's, shared
+ * with sparse_attention.cu; dense_rows below makes its rows the positions 0..tok_pos.
  *
  * Reference path (SM70_ATTENTION=reference, or a shape the fast path does not take): one
  * block per (token, head), one thread per output dim, one position at a time through the
- * same online softmax. Slow and plain on purpose.
+ * same online softmax (attn_decode.h's reference kernel). Slow and plain on purpose.
  *
  * FP8 decode is integer work: an e4m3 byte's magnitude shifted left by 7 is an f16 whose
  * value is 2^-8 times the e4m3 value (subnormals included), so the tile holds those f16s
@@ -46,203 +47,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/attn_decode.h"
 
-#define ATTN_THREADS 128
-#define ATTN_WARPS (ATTN_THREADS / 32)
 /* A split's partial for one head (cuda_check.h states the layout). */
 #define ATTN_PR(D) SM70__ATTN_PR(D)
 
-struct attn_args {
-	__half *out;
-	const __half *q;
-	int q_ld;
-	const void *kc;
-	const void *vc;
-	float k_mul; /* scale * k_scale (times 2^8 for FP8 tiles) */
-	float v_mul; /* v_scale (times 2^8 for FP8 tiles) */
-	int n_kv;
-	int bs;
-	int max_blocks;
-	const int32_t *tok_pos;
-	const int32_t *tok_seq;
-	const int32_t *block_tables;
-	int n_heads;
-	int group;
-	int chunk;  /* positions per split (a multiple of the tile) */
-	int nsplit; /* 1: write out directly; else partials into part */
-	float *part;
+/* The decode kernels' rows (attn_decode.h's row source): positions 0..tok_pos, each slot
+ * computed where it is loaded (a block table lookup). */
+struct dense_rows {
+	typedef struct sm70__attn_args args;
+	static constexpr bool staged = false;
+	static constexpr bool may_be_empty = false; /* a token sees its own position */
+	static constexpr int split_tiles = 2;
+	static constexpr const char *op = "attention";
+	static constexpr const char *split_call = "launch attn_split_kernel (attention)";
+	static constexpr const char *ref_call = "launch attn_ref_kernel (attention)";
+	const int32_t *bt;
+	int bs, n;
+
+	__device__ dense_rows(const struct sm70__attn_args &a, int tok)
+		: bt(a.block_tables + (size_t)a.tok_seq[tok] * a.max_blocks), bs(a.bs),
+		  n(a.tok_pos[tok] + 1)
+	{
+	}
+	__device__ size_t slot(int i) const { return (size_t)bt[i / bs] * bs + i % bs; }
 };
-
-/* Positions per tile: 64 rows of K and V fit shared memory up to head_dim 128. */
-template <int D> struct tile {
-	static constexpr int TP = D >= 256 ? 32 : 64;
-	static constexpr int KS = D + 8; /* row stride in halves: 16-byte pad, no bank clash */
-};
-
-/* Dynamic shared memory of the fast kernel: floats (q, acc, scores, m, l, alpha), then
- * the K and V tiles. */
-template <int D> static size_t attn_smem(int group)
-{
-	size_t floats = (size_t)group * (2 * D + tile<D>::TP + 3);
-
-	floats = (floats + 3) & ~(size_t)3;
-	return floats * sizeof(float) + 2 * (size_t)tile<D>::TP * tile<D>::KS * sizeof(__half);
-}
-
-template <int D, bool FP8>
-static __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_args a)
-{
-	constexpr int TP = tile<D>::TP, KS = tile<D>::KS, VPR = D / 8;
-	extern __shared__ float4 smem_raw[];
-	const int G = a.group;
-	float *q_s = (float *)smem_raw;
-	float *acc_s = q_s + G * D;
-	float *s_s = acc_s + G * D;
-	float *m_s = s_s + G * TP;
-	float *l_s = m_s + G;
-	float *al_s = l_s + G;
-	__half *k_s = (__half *)(q_s + (((size_t)G * (2 * D + TP + 3) + 3) & ~(size_t)3));
-	__half *v_s = k_s + TP * KS;
-
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const int tok = blockIdx.x / a.n_kv, kvh = blockIdx.x - tok * a.n_kv;
-	const int split = blockIdx.y;
-	const int npos = a.tok_pos[tok] + 1;
-	const int p0 = split * a.chunk;
-	const int p1 = min(p0 + a.chunk, npos);
-	const int32_t *bt = a.block_tables + (size_t)a.tok_seq[tok] * a.max_blocks;
-	const __half *qt = a.q + (size_t)tok * a.q_ld + (size_t)kvh * G * D;
-
-	for (int i = tid; i < G * D; i += ATTN_THREADS) {
-		q_s[i] = __half2float(qt[i]);
-		acc_s[i] = 0.0f;
-	}
-	for (int g = tid; g < G; g += ATTN_THREADS) {
-		m_s[g] = -INFINITY;
-		l_s[g] = 0.0f;
-	}
-	__syncthreads();
-
-	for (int t0 = p0; t0 < p1; t0 += TP) {
-		const int nt = min(TP, p1 - t0);
-
-		/* K and V rows of the tile into shared memory, 16 bytes (8 dims) a thread. */
-		for (int idx = tid; idx < nt * VPR; idx += ATTN_THREADS) {
-			const int r = idx / VPR, cv = idx - r * VPR, p = t0 + r;
-			const size_t slot = (size_t)bt[p / a.bs] * a.bs + p % a.bs;
-			const size_t off = (slot * a.n_kv + kvh) * D + (size_t)cv * 8;
-			uint4 kv4, vv4;
-
-			if (FP8) {
-				kv4 = sm70__e4m3x8_to_f16_scaled(
-					__ldg((const uint2 *)((const uint8_t *)a.kc + off)));
-				vv4 = sm70__e4m3x8_to_f16_scaled(
-					__ldg((const uint2 *)((const uint8_t *)a.vc + off)));
-			} else {
-				kv4 = __ldg((const uint4 *)((const __half *)a.kc + off));
-				vv4 = __ldg((const uint4 *)((const __half *)a.vc + off));
-			}
-			*(uint4 *)(k_s + r * KS + cv * 8) = kv4;
-			*(uint4 *)(v_s + r * KS + cv * 8) = vv4;
-		}
-		__syncthreads();
-
-		/* Scores of every group head against every tile row. */
-		for (int idx = tid; idx < G * nt; idx += ATTN_THREADS) {
-			const int g = idx / nt, r = idx - g * nt;
-			const __half *kr = k_s + r * KS;
-			const float *qg = q_s + g * D;
-			float s = 0.0f;
-
-#pragma unroll 4
-			for (int cv = 0; cv < VPR; cv++) {
-				uint4 k8 = *(const uint4 *)(kr + cv * 8);
-				const __half2 *kh = (const __half2 *)&k8;
-				float4 qa = *(const float4 *)(qg + cv * 8);
-				float4 qb = *(const float4 *)(qg + cv * 8 + 4);
-				float2 f0 = __half22float2(kh[0]), f1 = __half22float2(kh[1]);
-				float2 f2 = __half22float2(kh[2]), f3 = __half22float2(kh[3]);
-
-				s += qa.x * f0.x + qa.y * f0.y + qa.z * f1.x + qa.w * f1.y +
-				     qb.x * f2.x + qb.y * f2.y + qb.z * f3.x + qb.w * f3.y;
-			}
-			s_s[g * TP + r] = s * a.k_mul;
-		}
-		__syncthreads();
-
-		/* Online softmax: one warp per head. */
-		for (int g = warp; g < G; g += ATTN_WARPS) {
-			float v[TP / 32], mx = -INFINITY, sum = 0.0f;
-
-#pragma unroll
-			for (int j = 0; j < TP / 32; j++) {
-				const int r = lane + 32 * j;
-
-				v[j] = r < nt ? s_s[g * TP + r] : -INFINITY;
-				mx = fmaxf(mx, v[j]);
-			}
-			mx = sm70__warp_max(mx);
-			const float m_old = m_s[g], m_new = fmaxf(m_old, mx);
-#pragma unroll
-			for (int j = 0; j < TP / 32; j++) {
-				const int r = lane + 32 * j;
-
-				if (r < nt) {
-					float e = expf(v[j] - m_new);
-
-					s_s[g * TP + r] = e;
-					sum += e;
-				}
-			}
-			sum = sm70__warp_sum(sum);
-			if (lane == 0) {
-				const float alpha = expf(m_old - m_new);
-
-				l_s[g] = l_s[g] * alpha + sum;
-				m_s[g] = m_new;
-				al_s[g] = alpha;
-			}
-		}
-		__syncthreads();
-
-		/* acc = acc * alpha + P V, two dims a thread. */
-		for (int i = tid; i < G * D / 2; i += ATTN_THREADS) {
-			const int g = i / (D / 2), d = (i - g * (D / 2)) * 2;
-			const float *pg = s_s + g * TP;
-			float2 acc = *(float2 *)(acc_s + g * D + d);
-			const float al = al_s[g];
-
-			acc.x *= al;
-			acc.y *= al;
-			for (int r = 0; r < nt; r++) {
-				float2 vf = __half22float2(*(const __half2 *)(v_s + r * KS + d));
-				float p = pg[r];
-
-				acc.x += p * vf.x;
-				acc.y += p * vf.y;
-			}
-			*(float2 *)(acc_s + g * D + d) = acc;
-		}
-		__syncthreads();
-	}
-
-	if (a.nsplit == 1) {
-		__half *o = a.out + ((size_t)tok * a.n_heads + (size_t)kvh * G) * D;
-
-		for (int i = tid; i < G * D; i += ATTN_THREADS)
-			o[i] = __float2half_rn(acc_s[i] * a.v_mul / l_s[i / D]);
-		return;
-	}
-	for (int i = tid; i < G * (D + 2); i += ATTN_THREADS) {
-		const int g = i / (D + 2), j = i - g * (D + 2);
-		const int h = kvh * G + g;
-		float *pp = a.part +
-			    (((size_t)tok * a.n_heads + h) * a.nsplit + split) * ATTN_PR(D);
-
-		pp[j] = j == D ? m_s[g] : j == D + 1 ? l_s[g] : acc_s[g * D + j] * a.v_mul;
-	}
-}
 
 /* Normalised merge weights of one (token, head)'s ns partials (row stride PR floats, m at
  * D, l at D + 1) into w_s[0, ns), by one warp, using w_s[ns, 2 ns) for the l's: one pass
@@ -327,118 +156,11 @@ int sm70__cuda_attn_merge(struct sm70__cuda *c, __half *out, const float *part, 
 }
 
 /* Queues the merge of a's a.nsplit partials per (token, head) into a.out. */
-static int attn_merge_launch(struct sm70__cuda *c, const struct attn_args &a, int n_tokens,
-			     int D)
+static int attn_merge_launch(struct sm70__cuda *c, const struct sm70__attn_args &a,
+			     int n_tokens, int D)
 {
 	return sm70__cuda_attn_merge(c, a.out, a.part, n_tokens * a.n_heads, a.nsplit, D);
 }
-
-/* e4m3 decoded the plain way, for the reference kernel. */
-static __device__ float e4m3_to_f32(uint8_t v)
-{
-	const int e = (v >> 3) & 0xf, m = v & 7;
-	float f;
-
-	if (e == 0xf && m == 7)
-		return NAN;
-	f = e == 0 ? (float)m * 0x1p-9f : ldexpf(1.0f + (float)m / 8.0f, e - 7);
-	return (v & 0x80) ? -f : f;
-}
-
-/* One block per (token, head); thread d owns output dim d. */
-static __global__ void attn_ref_kernel(__half *__restrict__ out, const __half *__restrict__ q,
-				       int q_ld, const void *kc, const void *vc, int fp8,
-				       float k_scale, float v_scale, int n_kv, int D, int bs,
-				       int max_blocks, const int32_t *__restrict__ tok_pos,
-				       const int32_t *__restrict__ tok_seq,
-				       const int32_t *__restrict__ block_tables, int n_heads,
-				       float scale)
-{
-	__shared__ float red[2][32];
-	const int tok = blockIdx.x / n_heads, h = blockIdx.x - tok * n_heads;
-	const int kvh = h / (n_heads / n_kv), d = threadIdx.x;
-	const int lane = d & 31, warp = d >> 5, nw = (blockDim.x + 31) >> 5;
-	const int npos = tok_pos[tok] + 1;
-	const int32_t *bt = block_tables + (size_t)tok_seq[tok] * max_blocks;
-	const float qd = d < D ? __half2float(q[(size_t)tok * q_ld + (size_t)h * D + d]) : 0.0f;
-	float m = -INFINITY, l = 0.0f, acc = 0.0f;
-
-	for (int p = 0; p < npos; p++) {
-		const size_t slot = (size_t)bt[p / bs] * bs + p % bs;
-		const size_t off = (slot * n_kv + kvh) * D + d;
-		float kd = 0.0f, vd = 0.0f, s = 0.0f;
-
-		if (d < D) {
-			if (fp8) {
-				kd = e4m3_to_f32(((const uint8_t *)kc)[off]) * k_scale;
-				vd = e4m3_to_f32(((const uint8_t *)vc)[off]) * v_scale;
-			} else {
-				kd = __half2float(((const __half *)kc)[off]);
-				vd = __half2float(((const __half *)vc)[off]);
-			}
-		}
-		s = sm70__warp_sum(qd * kd);
-		if (lane == 0)
-			red[p & 1][warp] = s;
-		__syncthreads(); /* red[p & 1] is next written two positions on, after the
-				  * barrier of the position between */
-		s = 0.0f;
-		for (int w = 0; w < nw; w++)
-			s += red[p & 1][w];
-		s *= scale;
-		const float m_new = fmaxf(m, s);
-		const float alpha = expf(m - m_new), e = expf(s - m_new);
-
-		l = l * alpha + e;
-		acc = acc * alpha + e * vd;
-		m = m_new;
-	}
-	if (d < D)
-		out[((size_t)tok * n_heads + h) * D + d] = __float2half_rn(acc / l);
-}
-
-template <int D, bool FP8>
-static int attn_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens, int max_pos)
-{
-	constexpr int TP = tile<D>::TP;
-	const size_t smem = attn_smem<D>(a.group);
-	const long blocks = (long)n_tokens * a.n_kv;
-	const size_t per_split = (size_t)n_tokens * a.n_heads * ATTN_PR(D) * sizeof(float);
-	int nsplit = 1;
-
-	if (smem > c->smem_optin)
-		return -ENOSPC;
-	if (smem > 48 * 1024 &&
-	    SM70_CUDA_CHECK(&c->be,
-			    cudaFuncSetAttribute(attn_kernel<D, FP8>,
-						 cudaFuncAttributeMaxDynamicSharedMemorySize,
-						 (int)smem)))
-		return -EIO;
-	/* Split the positions when the (token, KV head) pairs fill less than two waves and
-	 * each split still gets at least two tiles. */
-	if (blocks < 2L * c->n_sm && max_pos > 2 * TP) {
-		long want = (2L * c->n_sm + blocks - 1) / blocks;
-		long most = (max_pos + 2 * TP - 1) / (2 * TP);
-		long room = (long)(SM70__CUDA_ATTN_PART_BYTES / per_split);
-
-		nsplit = (int)(want < most ? want : most);
-		if (nsplit > room)
-			nsplit = (int)room;
-		if (nsplit < 1)
-			nsplit = 1;
-	}
-	a.chunk = (max_pos + nsplit - 1) / nsplit;
-	a.chunk = (a.chunk + TP - 1) / TP * TP;
-	a.nsplit = (max_pos + a.chunk - 1) / a.chunk;
-	a.part = c->attn_part;
-	attn_kernel<D, FP8><<<dim3((unsigned)blocks, a.nsplit), ATTN_THREADS, smem, c->stream>>>(a);
-	if (SM70_CUDA_LAUNCHED(&c->be, "attn_kernel"))
-		return -EIO;
-	if (a.nsplit > 1)
-		return attn_merge_launch(c, a, n_tokens, D);
-	return 0;
-}
-
 
 /* ---- tensor-core path -------------------------------------------------------------- */
 
@@ -490,7 +212,7 @@ static __device__ __forceinline__ void e4m3x16_to_f16_scaled(uint4 in, uint4 &lo
 /* One block of 8 warps per (token, KV head, split), TP positions a tile, NPF tiles loaded
  * ahead into registers. */
 template <int D, bool FP8, int TP, int NPF>
-static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct attn_args a)
+static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm70__attn_args a)
 {
 	using namespace nvcuda;
 	using L = tcl<D, TP>;
@@ -738,7 +460,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct at
 /* Queues the tensor-core kernel (and the merge when split). -ENOSPC: the shape does not
  * fit this device; the caller falls back. */
 template <int D, bool FP8, int TP, int NPF>
-static int attn_tc_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens, int max_pos)
+static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_tokens, int max_pos)
 {
 	/* per process: the first device's answers (a process drives one kind of GPU) */
 	/* per device: the shared-memory attribute must be set on each GPU (tensor parallelism
@@ -748,8 +470,6 @@ static int attn_tc_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens
 	int resident = slot - 1;
 	const size_t smem = tcl<D, TP>::bytes;
 	const long blocks = (long)n_tokens * a.n_kv;
-	const size_t per_split = (size_t)n_tokens * a.n_heads * ATTN_PR(D) * sizeof(float);
-	int nsplit = 1;
 
 	if (a.group > 16 || smem > c->smem_optin)
 		return -ENOSPC;
@@ -771,21 +491,8 @@ static int attn_tc_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens
 		return -ENOSPC;
 	/* Split positions until the blocks fill every SM's resident slots once (never more:
 	 * a second partial wave would cost a whole block's time). */
-	if (blocks < (long)resident * c->n_sm && max_pos > TP) {
-		long want = (long)resident * c->n_sm / blocks;
-		long most = (max_pos + TP - 1) / TP;
-		long room = (long)(SM70__CUDA_ATTN_PART_BYTES / per_split);
-
-		nsplit = (int)(want < most ? want : most);
-		if (nsplit > room)
-			nsplit = (int)room;
-		if (nsplit < 1)
-			nsplit = 1;
-	}
-	a.chunk = (max_pos + nsplit - 1) / nsplit;
-	a.chunk = (a.chunk + TP - 1) / TP * TP;
-	a.nsplit = (max_pos + a.chunk - 1) / a.chunk;
-	a.part = c->attn_part;
+	sm70__attn_size_split(c, &a, n_tokens, D, max_pos, (long)resident * c->n_sm / blocks, TP,
+			      TP);
 	attn_tc_kernel<D, FP8, TP, NPF><<<dim3((unsigned)blocks, a.nsplit), TC_THREADS, smem,
 					  c->stream>>>(a);
 	if (SM70_CUDA_LAUNCHED(&c->be, "attn_tc_kernel"))
@@ -798,7 +505,7 @@ static int attn_tc_launch(struct sm70__cuda *c, struct attn_args a, int n_tokens
 /* 64-position tiles, FP8 two tiles ahead; 32 for head_dim 256 where shared memory is
  * small (before sm_80). */
 template <int D, bool FP8>
-static int attn_tc_pick(struct sm70__cuda *c, const struct attn_args &a, int n_tokens,
+static int attn_tc_pick(struct sm70__cuda *c, const struct sm70__attn_args &a, int n_tokens,
 			int max_pos)
 {
 	if (D == 256 && tcl<256, 64>::bytes > c->smem_optin)
@@ -1119,7 +826,7 @@ static int attn_prefill_pick(struct sm70__cuda *c, const struct pf_args &a)
  * -EIO (a launch failed; reported), or -ENOSPC when the shape or the batch description is
  * not one the kernel takes (nothing queued; the caller runs every token the decode way).
  */
-static int attn_prefill(struct sm70__cuda *c, const struct attn_args &d,
+static int attn_prefill(struct sm70__cuda *c, const struct sm70__attn_args &d,
 			const struct sm70_batch *b, int D, int fp8)
 {
 	struct pf_args a;
@@ -1185,57 +892,40 @@ static int attn_want_simt(void)
 	return cached;
 }
 
-template <int D>
-static int attn_dispatch_fp8(struct sm70__cuda *c, const struct attn_args &a, int fp8,
-			     int n_tokens, int max_pos)
-{
-	int ret = -ENOSPC;
-
-	if (!attn_want_simt())
-		ret = fp8 ? attn_tc_pick<D, true>(c, a, n_tokens, max_pos) :
-			    attn_tc_pick<D, false>(c, a, n_tokens, max_pos);
-	if (ret != -ENOSPC)
-		return ret;
-	return fp8 ? attn_launch<D, true>(c, a, n_tokens, max_pos) :
-		     attn_launch<D, false>(c, a, n_tokens, max_pos);
-}
-
-/* The decode kernels (tensor-core, else SIMT) over tokens [0, n_tokens) of a; -ENOSPC when
- * head_dim is none of theirs or the shape does not fit (nothing queued). */
-static int attn_fast(struct sm70__cuda *c, const struct attn_args &a, int D, int fp8,
-		     int n_tokens, int max_pos)
+/* The tensor-core kernel over tokens [0, n_tokens) of a; -ENOSPC when head_dim is none of
+ * its sizes or the shape does not fit (nothing queued). */
+static int attn_tc(struct sm70__cuda *c, const struct sm70__attn_args &a, int D, int fp8,
+		   int n_tokens, int max_pos)
 {
 	switch (D) {
 	case 32:
-		return attn_dispatch_fp8<32>(c, a, fp8, n_tokens, max_pos);
+		return fp8 ? attn_tc_pick<32, true>(c, a, n_tokens, max_pos) :
+			     attn_tc_pick<32, false>(c, a, n_tokens, max_pos);
 	case 64:
-		return attn_dispatch_fp8<64>(c, a, fp8, n_tokens, max_pos);
+		return fp8 ? attn_tc_pick<64, true>(c, a, n_tokens, max_pos) :
+			     attn_tc_pick<64, false>(c, a, n_tokens, max_pos);
 	case 128:
-		return attn_dispatch_fp8<128>(c, a, fp8, n_tokens, max_pos);
+		return fp8 ? attn_tc_pick<128, true>(c, a, n_tokens, max_pos) :
+			     attn_tc_pick<128, false>(c, a, n_tokens, max_pos);
 	case 256:
-		return attn_dispatch_fp8<256>(c, a, fp8, n_tokens, max_pos);
+		return fp8 ? attn_tc_pick<256, true>(c, a, n_tokens, max_pos) :
+			     attn_tc_pick<256, false>(c, a, n_tokens, max_pos);
 	}
 	return -ENOSPC;
 }
 
-/* The reference kernel over tokens [0, n_tokens) of b. */
-static void attn_ref_launch(struct sm70_backend *be, struct sm70__cuda *c, void *out,
-			    const void *q, int q_ld, const struct sm70_kv_layer *kv,
-			    const struct sm70_kv_layout *lay, const struct sm70_batch *b,
-			    int n_tokens, int n_heads, float scale)
+/* The decode kernels (tensor-core, else SIMT) over tokens [0, n_tokens) of a; -ENOSPC when
+ * head_dim is none of theirs or the shape does not fit (nothing queued). */
+static int attn_fast(struct sm70__cuda *c, const struct sm70__attn_args &a, int D, int fp8,
+		     int n_tokens, int max_pos)
 {
-	const int D = lay->head_dim;
+	int ret = -ENOSPC;
 
-	if (D > 1024) {
-		sm70__cuda_fail(be, "attention", __FILE__, __LINE__, "head_dim above 1024");
-		return;
-	}
-	attn_ref_kernel<<<n_tokens * n_heads, (D + 31) / 32 * 32, 0, c->stream>>>(
-		(__half *)out, (const __half *)q, q_ld, kv->k, kv->v,
-		lay->dtype == SM70_DTYPE_F8E4M3, kv->k_scale, kv->v_scale, lay->n_kv_heads, D,
-		lay->block_size, b->max_blocks, b->tok_pos, b->tok_seq, b->block_tables, n_heads,
-		scale);
-	SM70_CUDA_LAUNCHED(be, "attn_ref_kernel");
+	if (!attn_want_simt())
+		ret = attn_tc(c, a, D, fp8, n_tokens, max_pos);
+	if (ret != -ENOSPC)
+		return ret;
+	return sm70__attn_split<dense_rows>(c, a, D, fp8, n_tokens, max_pos);
 }
 
 /* See backend.h. out must not overlap q or the cache; n_heads must be a multiple of
@@ -1252,35 +942,12 @@ extern "C" void sm70__cuda_attention(struct sm70_backend *be, void *out, const v
 {
 	struct sm70__cuda *c = sm70__cuda_enter(be);
 	const int D = lay->head_dim, fp8 = lay->dtype == SM70_DTYPE_F8E4M3;
-	const float fp8_mul = fp8 ? 256.0f : 1.0f;
-	struct attn_args a;
+	struct sm70__attn_args a;
 	int ret = -ENOSYS;
 
-	if (b->n_tokens <= 0 || lay->n_kv_heads <= 0 || n_heads % lay->n_kv_heads)
+	if (sm70__attn_args_make(&a, c, dense_rows::op, out, q, q_ld, kv, lay, b, n_heads,
+				 scale))
 		return;
-	if (lay->dtype != SM70_DTYPE_F16 && !fp8) {
-		sm70__cuda_fail(be, "attention", __FILE__, __LINE__, "unsupported KV dtype");
-		return;
-	}
-	a.out = (__half *)out;
-	a.q = (const __half *)q;
-	a.q_ld = q_ld;
-	a.kc = kv->k;
-	a.vc = kv->v;
-	a.k_mul = scale * (fp8 ? kv->k_scale * fp8_mul : 1.0f);
-	a.v_mul = fp8 ? kv->v_scale * fp8_mul : 1.0f;
-	a.n_kv = lay->n_kv_heads;
-	a.bs = lay->block_size;
-	a.max_blocks = b->max_blocks;
-	a.tok_pos = b->tok_pos;
-	a.tok_seq = b->tok_seq;
-	a.block_tables = b->block_tables;
-	a.n_heads = n_heads;
-	a.group = n_heads / lay->n_kv_heads;
-	a.chunk = 0;
-	a.nsplit = 1;
-	a.part = NULL;
-
 	/* The fast kernels read q and the cache 16 bytes at a time. */
 	if (!c->attn_ref && (q_ld % 8) == 0 && ((uintptr_t)q & 15) == 0 && b->max_pos > 0) {
 		if (b->n_chunks > 0 && b->n_decode <= b->n_tokens && !attn_want_simt()) {
@@ -1291,8 +958,8 @@ extern "C" void sm70__cuda_attention(struct sm70_backend *be, void *out, const v
 				/* the decodes alone; max_pos still bounds their positions */
 				if (b->n_decode > 0 &&
 				    attn_fast(c, a, D, fp8, b->n_decode, b->max_pos) == -ENOSPC)
-					attn_ref_launch(be, c, out, q, q_ld, kv, lay, b,
-							b->n_decode, n_heads, scale);
+					sm70__attn_ref<dense_rows>(c, a, kv, lay, scale,
+								   b->n_decode);
 				return;
 			}
 		}
@@ -1300,5 +967,5 @@ extern "C" void sm70__cuda_attention(struct sm70_backend *be, void *out, const v
 		if (ret == 0 || ret == -EIO)
 			return;
 	}
-	attn_ref_launch(be, c, out, q, q_ld, kv, lay, b, b->n_tokens, n_heads, scale);
+	sm70__attn_ref<dense_rows>(c, a, kv, lay, scale, b->n_tokens);
 }

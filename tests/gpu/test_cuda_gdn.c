@@ -19,6 +19,7 @@
 
 #define GPU_TEST_SEED 0x9d7a11e5c0ffeeULL
 #include "tests/gpu/gpu_test.h"
+#include "tests/gpu/slot_batch.h"
 
 /*
  * Errors are max |got - ref| over max |ref| ("rel"). f16 outputs carry up to 2^-11 of
@@ -34,51 +35,6 @@
 static struct sm70_backend *gpu, *gpu_ref, *cpu;
 
 /* ---- batches ------------------------------------------------------------------------- */
-
-#define MAXT 1024
-#define MAXS 32
-
-/* One sequence of a step: its slot, the position of its first token here, its tokens
- * (1 for a decode). */
-struct seqspec {
-	int slot, pos0, len;
-};
-
-struct hbatch {
-	int n_tokens, n_seqs, n_decode, n_chunks, max_pos;
-	int32_t pos[MAXT], seq[MAXT], zero[MAXT];
-	int32_t seq_state[MAXS], first[MAXS], len[MAXS];
-};
-
-/* Decodes sp[0..n_dec) (one token each) first, then chunks sp[n_dec..n_dec+n_ch). With
- * shaped = 0 the batch carries no decode/chunk shape (the ops' fallback). */
-static void hb_make(struct hbatch *hb, const struct seqspec *sp, int n_dec, int n_ch, int shaped)
-{
-	int t = 0;
-
-	memset(hb, 0, sizeof(*hb));
-	hb->n_seqs = n_dec + n_ch;
-	assert_true(hb->n_seqs <= MAXS);
-	for (int s = 0; s < hb->n_seqs; s++) {
-		const int len = s < n_dec ? 1 : sp[s].len;
-
-		hb->seq_state[s] = sp[s].slot;
-		if (s >= n_dec) {
-			hb->first[s - n_dec] = t;
-			hb->len[s - n_dec] = len;
-		}
-		for (int i = 0; i < len; i++, t++) {
-			assert_true(t < MAXT);
-			hb->pos[t] = sp[s].pos0 + i;
-			hb->seq[t] = s;
-			if (hb->pos[t] + 1 > hb->max_pos)
-				hb->max_pos = hb->pos[t] + 1;
-		}
-	}
-	hb->n_tokens = t;
-	hb->n_decode = shaped ? n_dec : 0;
-	hb->n_chunks = shaped ? n_ch : 0;
-}
 
 /* Two sequences' tokens interleaved (a, b, a, b, ...): only a batch without the shape can
  * say this. */
@@ -96,43 +52,6 @@ static void hb_interleaved(struct hbatch *hb, int slot_a, int pos_a, int slot_b,
 			hb->max_pos = hb->pos[i] + 1;
 	}
 	hb->n_tokens = 2 * per_seq;
-}
-
-struct dbatch {
-	struct sm70_batch b;
-	int32_t *buf;
-};
-
-static void db_up(struct sm70_backend *be, const struct hbatch *hb, struct dbatch *d)
-{
-	const int T = hb->n_tokens, S = hb->n_seqs, C = hb->n_chunks;
-	const size_t n = 4 * (size_t)T + S + 2 * (size_t)(C ? C : 1);
-	int32_t *h = calloc(n, sizeof(int32_t));
-
-	assert_non_null(h);
-	memcpy(h, hb->zero, T * 4);                /* ids */
-	memcpy(h + T, hb->pos, T * 4);
-	memcpy(h + 2 * T, hb->seq, T * 4);
-	memcpy(h + 3 * T, hb->zero, T * 4);        /* KV slots: unused by these ops */
-	memcpy(h + 4 * T, hb->seq_state, S * 4);
-	memcpy(h + 4 * T + S, hb->first, C * 4);
-	memcpy(h + 4 * T + S + C, hb->len, C * 4);
-	d->buf = up_bytes(be, h, n * 4);
-	d->b = (struct sm70_batch){
-		.n_tokens = T, .n_seqs = S, .max_blocks = 1, .max_pos = hb->max_pos,
-		.tok_ids = d->buf, .tok_pos = d->buf + T, .tok_seq = d->buf + 2 * T,
-		.tok_slot = d->buf + 3 * T, .block_tables = d->buf + 3 * T, .n_out = 0,
-		.out_rows = NULL, .n_decode = hb->n_decode, .n_chunks = C,
-		.chunk_first = d->buf + 4 * T + S, .chunk_len = d->buf + 4 * T + S + C,
-		.chunk_first_host = hb->first, .chunk_len_host = hb->len,
-		.seq_state = d->buf + 4 * T,
-	};
-	free(h);
-}
-
-static void db_free(struct sm70_backend *be, struct dbatch *d)
-{
-	bfree(be, d->buf);
 }
 
 /* ---- gdn ------------------------------------------------------------------------------ */

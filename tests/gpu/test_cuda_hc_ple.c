@@ -21,6 +21,7 @@
 
 #define GPU_TEST_SEED 0x4c9e0ff1ce5eedULL
 #include "tests/gpu/gpu_test.h"
+#include "tests/gpu/slot_batch.h"
 
 /*
  * Errors are max |got - ref| over max |ref| ("rel"); both backends see the same f16-rounded
@@ -244,91 +245,17 @@ static void test_ple_gate(void **state)
 
 /* ---- batches ------------------------------------------------------------------------------ */
 
-#define MAXT 1024
-#define MAXS 16
 #define N_SLOTS 6
 #define EOS 499
 #define VOCAB 500
 
-/* One sequence of a step: its slot, the position of its first token here, its tokens
- * (1 for a decode). */
-struct seqspec {
-	int slot, pos0, len;
-};
-
-struct hbatch {
-	int n_tokens, n_seqs, n_decode, n_chunks, max_pos;
-	int32_t ids[MAXT], pos[MAXT], seq[MAXT], zero[MAXT];
-	int32_t seq_state[MAXS], first[MAXS], len[MAXS];
-};
-
-/* Decodes sp[0..n_dec) first, then chunks sp[n_dec..n_dec+n_ch); token ids EOS about one
- * time in six. With shaped = 0 the batch carries no decode/chunk shape (the tokens stay
- * grouped by sequence). */
-static void hb_make(struct hbatch *hb, const struct seqspec *sp, int n_dec, int n_ch, int shaped)
+/* hb_make (slot_batch.h) with token ids, EOS about one time in six. */
+static void hb_make_ids(struct hbatch *hb, const struct seqspec *sp, int n_dec, int n_ch,
+			int shaped)
 {
-	int t = 0;
-
-	memset(hb, 0, sizeof(*hb));
-	hb->n_seqs = n_dec + n_ch;
-	assert_true(hb->n_seqs <= MAXS);
-	for (int s = 0; s < hb->n_seqs; s++) {
-		const int len = s < n_dec ? 1 : sp[s].len;
-
-		hb->seq_state[s] = sp[s].slot;
-		if (s >= n_dec) {
-			hb->first[s - n_dec] = t;
-			hb->len[s - n_dec] = len;
-		}
-		for (int i = 0; i < len; i++, t++) {
-			assert_true(t < MAXT);
-			hb->ids[t] = rnd_int(6) == 0 ? EOS : rnd_int(VOCAB - 1);
-			hb->pos[t] = sp[s].pos0 + i;
-			hb->seq[t] = s;
-			if (hb->pos[t] + 1 > hb->max_pos)
-				hb->max_pos = hb->pos[t] + 1;
-		}
-	}
-	hb->n_tokens = t;
-	hb->n_decode = shaped ? n_dec : 0;
-	hb->n_chunks = shaped ? n_ch : 0;
-}
-
-struct dbatch {
-	struct sm70_batch b;
-	int32_t *buf;
-};
-
-static void db_up(struct sm70_backend *be, const struct hbatch *hb, struct dbatch *d)
-{
-	const int T = hb->n_tokens, S = hb->n_seqs, C = hb->n_chunks;
-	const size_t n = 4 * (size_t)T + S + 2 * (size_t)(C ? C : 1);
-	int32_t *h = calloc(n, sizeof(int32_t));
-
-	assert_non_null(h);
-	memcpy(h, hb->ids, T * 4);
-	memcpy(h + T, hb->pos, T * 4);
-	memcpy(h + 2 * T, hb->seq, T * 4);
-	memcpy(h + 3 * T, hb->zero, T * 4); /* KV slots: unused by these ops */
-	memcpy(h + 4 * T, hb->seq_state, S * 4);
-	memcpy(h + 4 * T + S, hb->first, C * 4);
-	memcpy(h + 4 * T + S + C, hb->len, C * 4);
-	d->buf = up_bytes(be, h, n * 4);
-	d->b = (struct sm70_batch){
-		.n_tokens = T, .n_seqs = S, .max_blocks = 1, .max_pos = hb->max_pos,
-		.tok_ids = d->buf, .tok_pos = d->buf + T, .tok_seq = d->buf + 2 * T,
-		.tok_slot = d->buf + 3 * T, .block_tables = d->buf + 3 * T, .n_out = 0,
-		.out_rows = NULL, .n_decode = hb->n_decode, .n_chunks = C,
-		.chunk_first = d->buf + 4 * T + S, .chunk_len = d->buf + 4 * T + S + C,
-		.chunk_first_host = hb->first, .chunk_len_host = hb->len,
-		.seq_state = d->buf + 4 * T,
-	};
-	free(h);
-}
-
-static void db_free(struct sm70_backend *be, struct dbatch *d)
-{
-	bfree(be, d->buf);
+	hb_make(hb, sp, n_dec, n_ch, shaped);
+	for (int t = 0; t < hb->n_tokens; t++)
+		hb->ids[t] = rnd_int(6) == 0 ? EOS : rnd_int(VOCAB - 1);
 }
 
 /*
@@ -344,9 +271,9 @@ static const struct seqspec step2[] = { { 0, 18, 1 }, { 1, 1, 1 }, { 2, 3, 1 }, 
 static void step_batch(struct hbatch *hb, int step, int shaped)
 {
 	if (step == 0)
-		hb_make(hb, step1, 4, 3, shaped);
+		hb_make_ids(hb, step1, 4, 3, shaped);
 	else
-		hb_make(hb, step2, 5, 1, shaped);
+		hb_make_ids(hb, step2, 5, 1, shaped);
 }
 
 /* ---- ngram_hist and ple_embed --------------------------------------------------------- */
@@ -730,7 +657,7 @@ static void test_graph_replay(void **state)
 
 	memset(&e, 0, sizeof(e));
 	e.B = 4, e.S = 4, e.H = 64, e.rank = 16, e.n_hist = 2, e.row_dim = 64;
-	hb_make(&e.hb, seqs, e.B, 0, 1);
+	hb_make_ids(&e.hb, seqs, e.B, 0, 1);
 	db_up(gpu, &e.hb, &e.d);
 	table_new(&e.pt, 3, 2, e.row_dim, SM70_DTYPE_F16, 0);
 	e.dc = (struct sm70_dconv){ NULL, NULL, C, 4, 3 };

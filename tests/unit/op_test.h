@@ -1,7 +1,8 @@
 /*
  * op_test.h - helpers the CPU op unit tests share: a reproducible random source, a CPU
- * backend and its buffers, and the largest-error statistics they report. Each test defines
- * OP_TEST_SEED before including this, so that every file draws its own stream.
+ * backend and its buffers, KV cache values as f32, and the largest-error statistics they
+ * report. Each test defines OP_TEST_SEED before including this, so that every file draws
+ * its own stream. (slot_batch.h adds the stateful ops' batches.)
  *
  * Header-only (static inline): tests are single files linked against the core library.
  * Non-goals: references (each test keeps its own float64 twin of the op it checks).
@@ -69,6 +70,28 @@ static inline void *balloc(struct sm70_backend *be, size_t bytes)
 	return p;
 }
 
+/* Frees the backend buffers bufs[0..n), in order. */
+static inline void bfree_list(struct sm70_backend *be, void *const *bufs, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		be->ops->buf_free(be, bufs[i]);
+}
+
+/* bfree_all(be, a, b, ...): frees each backend buffer named, in order. */
+#define bfree_all(be, ...)                               \
+	bfree_list((be), (void *const[]){ __VA_ARGS__ }, \
+		   sizeof((void *const[]){ __VA_ARGS__ }) / sizeof(void *))
+
+/* Element i of a KV cache of dtype t as f32 (FP8: the e4m3 value times scale). */
+static inline float kv_value(const void *cache, size_t i, enum sm70_dtype t, float scale)
+{
+	if (t == SM70_DTYPE_F16)
+		return sm70_f16_to_f32(((const uint16_t *)cache)[i]);
+	if (t == SM70_DTYPE_F8E4M3)
+		return sm70_e4m3_to_f32(((const uint8_t *)cache)[i]) * scale;
+	return ((const float *)cache)[i];
+}
+
 /* Largest error seen, absolute and relative to a scale stated per comparison. */
 struct errstat {
 	double max_abs;
@@ -104,6 +127,17 @@ static inline void err_add_nan_ok(struct errstat *e, double got, double ref, dou
 	if (r > e->max_rel)
 		e->max_rel = r;
 	e->n++;
+}
+
+/* Adds n floats against n doubles, relative to the largest |ref|. */
+static inline void cmp_vec(struct errstat *e, const float *got, const double *ref, size_t n)
+{
+	double scale = 0;
+
+	for (size_t i = 0; i < n; i++)
+		scale = fmax(scale, fabs(ref[i]));
+	for (size_t i = 0; i < n; i++)
+		err_add(e, got[i], ref[i], scale);
 }
 
 /* Prints what was compared and checks max_rel <= tol. */

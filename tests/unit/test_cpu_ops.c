@@ -244,9 +244,7 @@ static void test_embed(void **state)
 					checked++;
 				}
 			}
-			be->ops->buf_free(be, w.data);
-			be->ops->buf_free(be, x);
-			be->ops->buf_free(be, ids);
+			bfree_all(be, w.data, x, ids);
 			free(dec);
 		}
 	}
@@ -289,11 +287,7 @@ static void test_gather_add(void **state)
 	printf("  gather_rows: %d rows of %d bitwise; add: %zu values bitwise equal to f32 adds\n",
 	       n, dim, count);
 	free(want);
-	be->ops->buf_free(be, x);
-	be->ops->buf_free(be, resid);
-	be->ops->buf_free(be, rows);
-	be->ops->buf_free(be, dst);
-	be->ops->buf_free(be, src);
+	bfree_all(be, x, resid, rows, dst, src);
 	sm70_backend_destroy(be);
 }
 
@@ -344,10 +338,7 @@ static void test_add_rmsnorm(void **state)
 				}
 			}
 			free(r0);
-			be->ops->buf_free(be, w);
-			be->ops->buf_free(be, y);
-			be->ops->buf_free(be, delta);
-			be->ops->buf_free(be, resid);
+			bfree_all(be, w, y, delta, resid);
 		}
 	}
 	err_report_wide("add_rmsnorm (rel to |ref|)", &e, 1e-6);
@@ -384,9 +375,7 @@ static void matmul_case(struct sm70_backend *be, enum sm70_dtype t, int n, int c
 			err_add_nan_ok(e, y[(size_t)i * rows + o], s, sa + 1e-30);
 		}
 	}
-	be->ops->buf_free(be, w.data);
-	be->ops->buf_free(be, y);
-	be->ops->buf_free(be, x);
+	bfree_all(be, w.data, y, x);
 	free(dec);
 }
 
@@ -527,15 +516,6 @@ static void test_head_norm_rope(void **state)
 
 /* ---- kv_write and attention ------------------------------------------------------------- */
 
-static float kv_decode(const void *cache, size_t i, enum sm70_dtype t, float scale)
-{
-	if (t == SM70_DTYPE_F16)
-		return sm70_f16_to_f32(((const uint16_t *)cache)[i]);
-	if (t == SM70_DTYPE_F8E4M3)
-		return sm70_e4m3_to_f32(((const uint8_t *)cache)[i]) * scale;
-	return ((const float *)cache)[i];
-}
-
 /* Whether cache element i holds x encoded (or 0 when the slot was never written). */
 static int kv_stored_ok(const void *cache, size_t i, enum sm70_dtype t, float x, float scale,
 			int unwritten)
@@ -595,11 +575,7 @@ static void test_kv_write(void **state)
 				}
 			}
 		}
-		be->ops->buf_free(be, slots);
-		be->ops->buf_free(be, v);
-		be->ops->buf_free(be, k);
-		be->ops->buf_free(be, kv.v);
-		be->ops->buf_free(be, kv.k);
+		bfree_all(be, slots, v, k, kv.v, kv.k);
 	}
 	printf("  kv_write: %zu cache elements bitwise equal to their f32/f16/fp8 encodings\n",
 	       checked);
@@ -673,7 +649,7 @@ static void attention_case(struct sm70_backend *be, int hd, int ratio, int bs,
 	}
 	be->ops->kv_write(be, &kv, &lay, k, v, ld, slots, total);
 	for (size_t i = 0; i < (size_t)n_blocks * bs * row; i++)
-		vmax = fmaxf(vmax, fabsf(kv_decode(kv.v, i, t, kv.v_scale)));
+		vmax = fmaxf(vmax, fabsf(kv_value(kv.v, i, t, kv.v_scale)));
 
 	tp = balloc(be, sizeof(int32_t) * n_tok);
 	ts = balloc(be, sizeof(int32_t) * n_tok);
@@ -707,7 +683,7 @@ static void attention_case(struct sm70_backend *be, int hd, int ratio, int bs,
 				base[p] = ((size_t)(tab[p / bs] * bs + p % bs) * n_kv + kh) * hd;
 				for (int d = 0; d < hd; d++)
 					s += (double)q[i * q_ld + h * hd + d] *
-					     kv_decode(kv.k, base[p] + d, t, kv.k_scale);
+					     kv_value(kv.k, base[p] + d, t, kv.k_scale);
 				sc[p] = s / sqrt((double)hd);
 				mx = fmax(mx, sc[p]);
 			}
@@ -717,23 +693,13 @@ static void attention_case(struct sm70_backend *be, int hd, int ratio, int bs,
 				double pr = sc[p] / sum;
 
 				for (int d = 0; d < hd; d++)
-					ref[d] += pr * kv_decode(kv.v, base[p] + d, t, kv.v_scale);
+					ref[d] += pr * kv_value(kv.v, base[p] + d, t, kv.v_scale);
 			}
 			for (int d = 0; d < hd; d++)
 				err_add_nan_ok(e, out[((size_t)i * n_heads + h) * hd + d], ref[d], vmax);
 		}
 	}
-	be->ops->buf_free(be, out);
-	be->ops->buf_free(be, q);
-	be->ops->buf_free(be, tslot);
-	be->ops->buf_free(be, ts);
-	be->ops->buf_free(be, tp);
-	be->ops->buf_free(be, slots);
-	be->ops->buf_free(be, v);
-	be->ops->buf_free(be, k);
-	be->ops->buf_free(be, bt);
-	be->ops->buf_free(be, kv.v);
-	be->ops->buf_free(be, kv.k);
+	bfree_all(be, out, q, tslot, ts, tp, slots, v, k, bt, kv.v, kv.k);
 }
 
 static void test_attention(void **state)

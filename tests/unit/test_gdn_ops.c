@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/unit/op_test.h"
+#include "tests/unit/slot_batch.h"
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
@@ -37,18 +38,7 @@ static void err_merge(struct errstat *into, const struct errstat *e)
 	into->n += e->n;
 }
 
-/* Compares n floats against n doubles, relative to the largest |ref|. */
-static void cmp_vec(struct errstat *e, const float *got, const double *ref, size_t n)
-{
-	double scale = 0;
-
-	for (size_t i = 0; i < n; i++)
-		scale = fmax(scale, fabs(ref[i]));
-	for (size_t i = 0; i < n; i++)
-		err_add(e, got[i], ref[i], scale);
-}
-
-/* The same, float against float. */
+/* cmp_vec (op_test.h), float against float. */
 static void cmp_vecf(struct errstat *e, const float *got, const float *ref, size_t n)
 {
 	double scale = 0;
@@ -57,55 +47,6 @@ static void cmp_vecf(struct errstat *e, const float *got, const float *ref, size
 		scale = fmax(scale, fabs(ref[i]));
 	for (size_t i = 0; i < n; i++)
 		err_add(e, got[i], ref[i], scale);
-}
-
-/* ---- batches --------------------------------------------------------------------------- */
-
-#define MAXT 512
-#define MAXS 16
-
-/* A test batch, in backend memory. Each piece is one sequence: `len` tokens from
- * position `pos` in state slot `slot`; the first n_dec pieces are the decodes. */
-struct tb {
-	struct sm70_batch b;
-	int32_t pos[MAXT], seq[MAXT], state[MAXS], first[MAXS], len[MAXS];
-};
-
-struct piece {
-	int slot;
-	int pos;
-	int len;
-};
-
-static struct tb *tb_new(struct sm70_backend *be, const struct piece *p, int n, int n_dec)
-{
-	struct tb *tb = balloc(be, sizeof(*tb));
-	int T = 0, max_pos = 0;
-
-	assert_true(n <= MAXS);
-	for (int s = 0; s < n; s++) {
-		if (s < n_dec) {
-			assert_int_equal(p[s].len, 1);
-		} else {
-			tb->first[s - n_dec] = T;
-			tb->len[s - n_dec] = p[s].len;
-		}
-		tb->state[s] = p[s].slot;
-		for (int k = 0; k < p[s].len; k++, T++) {
-			assert_true(T < MAXT);
-			tb->pos[T] = p[s].pos + k;
-			tb->seq[T] = s;
-		}
-		if (p[s].pos + p[s].len > max_pos)
-			max_pos = p[s].pos + p[s].len;
-	}
-	tb->b = (struct sm70_batch){ .n_tokens = T, .n_seqs = n, .max_pos = max_pos,
-				     .tok_pos = tb->pos, .tok_seq = tb->seq,
-				     .n_decode = n_dec, .n_chunks = n - n_dec,
-				     .chunk_first = tb->first, .chunk_len = tb->len,
-				     .chunk_first_host = tb->first, .chunk_len_host = tb->len,
-				     .seq_state = tb->state };
-	return tb;
 }
 
 /* ---- the layer under test and its float64 mirror ------------------------------------ */
@@ -174,11 +115,7 @@ static void layer_init(struct sm70_backend *be, struct layer *L, struct shape s,
 
 static void layer_free(struct sm70_backend *be, struct layer *L)
 {
-	be->ops->buf_free(be, L->dt_bias);
-	be->ops->buf_free(be, L->a_log);
-	be->ops->buf_free(be, L->w);
-	be->ops->buf_free(be, L->st.ssm);
-	be->ops->buf_free(be, L->st.conv);
+	bfree_all(be, L->dt_bias, L->a_log, L->w, L->st.ssm, L->st.conv);
 	free(L->rssm);
 	free(L->rconv);
 }
@@ -382,9 +319,7 @@ static void test_conv1d_silu(void **state)
 			for (size_t i = 0; i < L.conv_n; i++, bitwise++)
 				assert_true(((float *)L.st.conv)[i] == (float)L.rconv[i]);
 			free(ref);
-			be->ops->buf_free(be, out);
-			be->ops->buf_free(be, x);
-			be->ops->buf_free(be, tb);
+			bfree_all(be, out, x, tb);
 		}
 		layer_free(be, &L);
 	}

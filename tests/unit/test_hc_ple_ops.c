@@ -21,6 +21,7 @@
 #include "common/dtype.h"
 #include "kernels/backend.h"
 #include "tests/unit/op_test.h"
+#include "tests/unit/slot_batch.h"
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
@@ -55,17 +56,6 @@ static double *dvec(size_t n)
 
 	assert_non_null(p);
 	return p;
-}
-
-/* Compares n floats against n doubles, relative to the largest |ref|. */
-static void cmp_vec(struct errstat *e, const float *got, const double *ref, size_t n)
-{
-	double scale = 0;
-
-	for (size_t i = 0; i < n; i++)
-		scale = fmax(scale, fabs(ref[i]));
-	for (size_t i = 0; i < n; i++)
-		err_add(e, got[i], ref[i], scale);
 }
 
 static double sigmoid(double v)
@@ -112,9 +102,7 @@ static void test_group_rmsnorm(void **state)
 		be->ops->group_rmsnorm(be, x, x, 1, w, n, G, D, eps);
 		assert_memory_equal(x, y, sizeof(float) * cnt);
 		free(ref);
-		be->ops->buf_free(be, w);
-		be->ops->buf_free(be, y);
-		be->ops->buf_free(be, x);
+		bfree_all(be, w, y, x);
 	}
 	err_report("group_rmsnorm vs float64 (rel to max |y|)", &e, 1e-6);
 	sm70_backend_destroy(be);
@@ -210,81 +198,8 @@ static void test_hc_combine_inject(void **state)
 
 /* ---- batches and the sequences behind them ------------------------------------------- */
 
-#define MAXT 256
-#define MAXS 8
 #define MAXP 128 /* positions a sequence reaches in these tests */
 #define N_SLOTS 6
-
-/* A test batch, in backend memory. Each piece is one sequence: `len` tokens from
- * position `pos` in state slot `slot`; the first n_dec pieces are the decodes. With
- * interleave set the pieces' tokens alternate (round robin) and the batch has no
- * decode/chunk shape, which the ops take as one unit per token. */
-struct tb {
-	struct sm70_batch b;
-	int32_t ids[MAXT], pos[MAXT], seq[MAXT], state[MAXS], first[MAXS], len[MAXS];
-};
-
-struct piece {
-	int slot;
-	int pos;
-	int len;
-};
-
-/* Appends token i of piece s to tb. */
-static void tb_add(struct tb *tb, const struct piece *p, int s, int i, int *T)
-{
-	assert_true(*T < MAXT);
-	tb->pos[*T] = p[s].pos + i;
-	tb->seq[*T] = s;
-	(*T)++;
-}
-
-static struct tb *tb_new(struct sm70_backend *be, const struct piece *p, int n, int n_dec,
-			 int interleave)
-{
-	struct tb *tb = balloc(be, sizeof(*tb));
-	int T = 0, max_pos = 0, max_len = 0;
-
-	assert_true(n <= MAXS);
-	for (int s = 0; s < n; s++) {
-		assert_true(s >= n_dec || p[s].len == 1);
-		assert_true(p[s].pos + p[s].len <= MAXP);
-		tb->state[s] = p[s].slot;
-		if (p[s].pos + p[s].len > max_pos)
-			max_pos = p[s].pos + p[s].len;
-		if (p[s].len > max_len)
-			max_len = p[s].len;
-	}
-	if (interleave) {
-		for (int i = 0; i < max_len; i++)
-			for (int s = 0; s < n; s++)
-				if (i < p[s].len)
-					tb_add(tb, p, s, i, &T);
-	} else {
-		for (int s = 0; s < n; s++) {
-			if (s >= n_dec) {
-				tb->first[s - n_dec] = T;
-				tb->len[s - n_dec] = p[s].len;
-			}
-			for (int i = 0; i < p[s].len; i++)
-				tb_add(tb, p, s, i, &T);
-		}
-	}
-	tb->b = (struct sm70_batch){ .n_tokens = T, .n_seqs = n, .max_pos = max_pos,
-				     .tok_ids = tb->ids, .tok_pos = tb->pos, .tok_seq = tb->seq,
-				     .n_decode = interleave ? 0 : n_dec,
-				     .n_chunks = interleave ? 0 : n - n_dec,
-				     .chunk_first = tb->first, .chunk_len = tb->len,
-				     .chunk_first_host = tb->first, .chunk_len_host = tb->len,
-				     .seq_state = tb->state };
-	return tb;
-}
-
-/* The slot of token t of a test batch (each test sequence keeps its slot). */
-static int tb_slot(const struct tb *tb, int t)
-{
-	return tb->state[tb->seq[t]];
-}
 
 /*
  * Step 1: decodes mid-sequence, at position 0 over a dirty slot and at position 2 (its
@@ -298,6 +213,17 @@ static const struct piece step2[] = { { 0, 18, 1 }, { 1, 1, 1 }, { 2, 3, 1 },
 				      { 3, 20, 1 }, { 4, 42, 1 }, { 5, 9, 12 } };
 /* Two sequences interleaved token by token (no shape: one unit per token). */
 static const struct piece step3[] = { { 0, 19, 5 }, { 3, 21, 4 } };
+
+/* The batch of step 0, 1 or 2 above (slot_batch.h), within the references' MAXP. */
+static struct tb *step_tb(struct sm70_backend *be, int step)
+{
+	struct tb *tb = step == 0 ? tb_new(be, step1, 6, 3) :
+			step == 1 ? tb_new(be, step2, 6, 5) :
+				    tb_new_interleaved(be, step3, 2);
+
+	assert_true(tb->b.max_pos <= MAXP);
+	return tb;
+}
 
 /* ---- ngram_hist and ple_embed ------------------------------------------------------------ */
 
@@ -394,10 +320,8 @@ static void table_new(struct sm70_backend *be, struct ple_table *pt, int N, int 
 
 static void table_free(struct sm70_backend *be, struct ple_table *pt)
 {
-	be->ops->buf_free(be, (void *)pt->ph.table);
-	be->ops->buf_free(be, (void *)pt->ph.offset);
-	be->ops->buf_free(be, (void *)pt->ph.size);
-	be->ops->buf_free(be, (void *)pt->ph.mult);
+	bfree_all(be, (void *)pt->ph.table, (void *)pt->ph.offset, (void *)pt->ph.size,
+		  (void *)pt->ph.mult);
 	free(pt->ref);
 }
 
@@ -458,12 +382,8 @@ static void check_hist(const int32_t *hist, const int32_t *ctx, int n_hist, cons
 		}
 	}
 	for (int s = 0; s < tb->b.n_seqs; s++) {
-		const int slot = tb->state[s];
-		int last = -1;
+		const int slot = tb->state[s], last = tb_last_pos(tb, s);
 
-		for (int t = 0; t < tb->b.n_tokens; t++)
-			if (tb->seq[t] == s && tb->pos[t] > last)
-				last = tb->pos[t];
 		for (int i = 0; i < n_hist; i++)
 			assert_int_equal(ctx[slot * n_hist + i],
 					 last - i < 0 ? -1 : seq_toks[slot][last - i]);
@@ -505,9 +425,7 @@ static void test_ngram_hist_ple_embed(void **state)
 				ctx[slot * n_hist + i] = q0 - i < 0 ? -1 : seq_toks[slot][q0 - i];
 		}
 		for (int step = 0; step < 3; step++) {
-			struct tb *tb = step == 0 ? tb_new(be, step1, 6, 3, 0) :
-					step == 1 ? tb_new(be, step2, 6, 5, 0) :
-						    tb_new(be, step3, 2, 0, 1);
+			struct tb *tb = step_tb(be, step);
 			const int T = tb->b.n_tokens;
 			int32_t *hist = balloc(be, sizeof(int32_t) * (size_t)T * n_hist);
 
@@ -698,12 +616,8 @@ static void conv_check_state(struct conv_case *cc, const struct tb *tb)
 	const float *st = cc->dc.state;
 
 	for (int s = 0; s < tb->b.n_seqs; s++) {
-		const int slot = tb->state[s];
-		int last = -1;
+		const int slot = tb->state[s], last = tb_last_pos(tb, s);
 
-		for (int t = 0; t < tb->b.n_tokens; t++)
-			if (tb->seq[t] == s && tb->pos[t] > last)
-				last = tb->pos[t];
 		for (int q = 0; q < R; q++) {
 			const int p = last - R + 1 + q;
 
@@ -734,9 +648,7 @@ static void test_ple_conv(void **state)
 
 		conv_new(be, &cc, C, cfg[ci][1], cfg[ci][2]);
 		for (int step = 0; step < 3; step++) {
-			struct tb *tb = step == 0 ? tb_new(be, step1, 6, 3, 0) :
-					step == 1 ? tb_new(be, step2, 6, 5, 0) :
-						    tb_new(be, step3, 2, 0, 1);
+			struct tb *tb = step_tb(be, step);
 			const size_t cnt = (size_t)tb->b.n_tokens * C;
 			const size_t st_bytes = sizeof(float) * (size_t)(N_SLOTS + 1) * cc.R * C;
 			float *x = rand_buf(be, cnt, 3.0f), *gv = balloc(be, sizeof(float) * cnt);
@@ -770,9 +682,7 @@ static void test_ple_conv(void **state)
 				bt->ops->buf_free(bt, xt);
 			}
 			free(ref), free(st1), free(st0);
-			be->ops->buf_free(be, x1), be->ops->buf_free(be, gvn);
-			be->ops->buf_free(be, gv), be->ops->buf_free(be, x);
-			be->ops->buf_free(be, tb);
+			bfree_all(be, x1, gvn, gv, x, tb);
 		}
 		conv_free(be, &cc);
 	}

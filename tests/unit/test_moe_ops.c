@@ -47,12 +47,7 @@ static void route_new(struct sm70_backend *be, struct sm70_moe_route *r, int n, 
 
 static void route_free(struct sm70_backend *be, struct sm70_moe_route *r)
 {
-	be->ops->buf_free(be, r->n_used);
-	be->ops->buf_free(be, r->used_first);
-	be->ops->buf_free(be, r->used);
-	be->ops->buf_free(be, r->order);
-	be->ops->buf_free(be, r->w);
-	be->ops->buf_free(be, r->ids);
+	bfree_all(be, r->n_used, r->used_first, r->used, r->order, r->w, r->ids);
 }
 
 /* Whether two routes of nk assignments hold the same bits. */
@@ -364,9 +359,7 @@ static void ex_new(struct sm70_backend *be, struct ex_case *c, struct ex_shape s
 
 static void ex_free(struct sm70_backend *be, struct ex_case *c)
 {
-	be->ops->buf_free(be, c->out);
-	be->ops->buf_free(be, c->part);
-	be->ops->buf_free(be, c->mid);
+	bfree_all(be, c->out, c->part, c->mid);
 	stack_free(be, &c->dn);
 	stack_free(be, &c->gu);
 	route_free(be, &c->r);

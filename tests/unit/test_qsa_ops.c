@@ -268,10 +268,7 @@ static void compress_case(int ratio, struct errstat *e, size_t *exact)
 	}
 	for (int s = 0; s <= 5; s++)
 		free(keys[s]);
-	be->ops->buf_free(be, ql.comp);
-	be->ops->buf_free(be, ql.keys);
-	be->ops->buf_free(be, k_norm);
-	be->ops->buf_free(be, w.bt);
+	bfree_all(be, ql.comp, ql.keys, k_norm, w.bt);
 	sm70_backend_destroy(be);
 }
 
@@ -458,13 +455,7 @@ static void select_case(enum draw dr, int ratio, int top, struct select_stats *s
 				dr);
 	}
 	free(rk);
-	be->ops->buf_free(be, scratch);
-	be->ops->buf_free(be, n_sel);
-	be->ops->buf_free(be, sel);
-	be->ops->buf_free(be, q);
-	be->ops->buf_free(be, tb);
-	be->ops->buf_free(be, ql.comp);
-	be->ops->buf_free(be, w.bt);
+	bfree_all(be, scratch, n_sel, sel, q, tb, ql.comp, w.bt);
 	sm70_backend_destroy(be);
 }
 
@@ -510,15 +501,6 @@ static void test_select_random(void **state)
 #define AHEADS 4
 #define AQLD (AHEADS * AHD + 8)
 
-static float cache_value(const void *cache, size_t i, enum sm70_dtype t, float scale)
-{
-	if (t == SM70_DTYPE_F16)
-		return sm70_f16_to_f32(((const uint16_t *)cache)[i]);
-	if (t == SM70_DTYPE_F8E4M3)
-		return sm70_e4m3_to_f32(((const uint8_t *)cache)[i]) * scale;
-	return ((const float *)cache)[i];
-}
-
 /* Random cache contents in dtype t (FP8 as x / scale). */
 static void fill_cache(void *cache, size_t n, enum sm70_dtype t, float scale)
 {
@@ -550,7 +532,7 @@ static void ref_attend(double *out, const float *q, const struct world *w, int s
 
 		sc[i] = 0.0;
 		for (int d = 0; d < AHD; d++)
-			sc[i] += (double)q[d] * cache_value(kv->k, base + d, t, kv->k_scale);
+			sc[i] += (double)q[d] * kv_value(kv->k, base + d, t, kv->k_scale);
 		sc[i] *= scale;
 		mx = fmax(mx, sc[i]);
 	}
@@ -561,7 +543,7 @@ static void ref_attend(double *out, const float *q, const struct world *w, int s
 		double pr = exp(sc[i] - mx) / sum;
 
 		for (int d = 0; d < AHD; d++)
-			out[d] += pr * cache_value(kv->v, base + d, t, kv->v_scale);
+			out[d] += pr * kv_value(kv->v, base + d, t, kv->v_scale);
 	}
 	free(sc);
 }
@@ -646,15 +628,7 @@ static void sparse_case(enum sm70_dtype t, struct errstat *e, size_t *bitwise)
 	for (int i = 0; i < AHEADS * AHD; i++)
 		assert_true(out[(size_t)AHEADS * AHD + i] == 0.0f);
 
-	be->ops->buf_free(be, dense);
-	be->ops->buf_free(be, out);
-	be->ops->buf_free(be, n_sel);
-	be->ops->buf_free(be, sel);
-	be->ops->buf_free(be, q);
-	be->ops->buf_free(be, tb);
-	be->ops->buf_free(be, kv.v);
-	be->ops->buf_free(be, kv.k);
-	be->ops->buf_free(be, w.bt);
+	bfree_all(be, dense, out, n_sel, sel, q, tb, kv.v, kv.k, w.bt);
 	sm70_backend_destroy(be);
 }
 
