@@ -10,8 +10,8 @@
  * cycle: ~4 instructions per weight at full bandwidth, ~3 at 80% with the issue half
  * busy. By Little's law (~4.6 TB/s x ~1 us loaded latency / 132) each SM must keep
  * ~40 KB or more of loads in flight. The first kernel (WMMA, two steps ahead) kept ~16 KB
- * an SM and spent ~6 instructions a weight (bit decode, HMUL2, two shared-memory trips),
- * and reached 23-46% of read bandwidth at B1.
+ * an SM and spent ~3.5 instructions a weight (bit decode, HMUL2, two shared-memory
+ * trips), and reached 23-46% of read bandwidth at B1.
  *
  * Decode. prepare_weight stores each 32-bit word of 8 codes (columns c .. c + 7) with its
  * bits placed so that four rotations and masks give the f16 pairs (c + 2p, c + 2p + 1)
@@ -51,7 +51,7 @@
  * in f16 before the f32 sum: over K = 4096 random terms its error is ~4e-4 of max |y|
  * (a simulation of the exact operation order, tests/gpu/test_cuda_nvfp4.c's bound), an
  * f16 output's rounding is up to 4.9e-4. Its f16 part sees no scale (|e2m1 / 8| <= 0.75:
- * sums of 16 overflow only past |x| ~ 5000 in every column of a block; the scale and
+ * a chain of 8 overflows only past |x| ~ 10900 in all 8 of its columns; the scale and
  * scale2 are f32), so a block of tiny scales loses nothing.
  *
  * Arrangement (prepare_weight): row-major like ModelOpt's, rows padded to KP = cols
@@ -562,9 +562,11 @@ static __global__ void nvfp4_ref_kernel(struct fp4_args a, int arranged)
 
 /* ---- launchers ------------------------------------------------------------------------ */
 
-/* Raises a kernel's dynamic shared memory limit to smem once per device (the attribute
- * is per device; *set holds a bit per device). 0 or -EIO. */
-static int fp4_smem_attr(struct sm70__cuda *c, const void *kernel, size_t smem, uint64_t *set)
+/* For a launch with smem bytes of dynamic shared memory: raises the kernel's limit to
+ * limit (>= smem) once per device when smem passes the default 48 KB (the attribute is
+ * per device; *set holds a bit per device). 0 or -EIO. */
+static int fp4_smem_attr(struct sm70__cuda *c, const void *kernel, size_t smem, size_t limit,
+			 uint64_t *set)
 {
 	const uint64_t bit = 1ull << (c->device & 63);
 
@@ -572,7 +574,7 @@ static int fp4_smem_attr(struct sm70__cuda *c, const void *kernel, size_t smem, 
 		return 0;
 	if (SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(kernel,
 							 cudaFuncAttributeMaxDynamicSharedMemorySize,
-							 (int)smem)))
+							 (int)limit)))
 		return -EIO;
 	*set |= bit;
 	return 0;
@@ -609,7 +611,8 @@ static void fp4_dot_launch(struct sm70__cuda *c, const struct fp4_args *a)
 	const int groups = (a->rows + R - 1) / R;
 	int per_sm, blocks = (groups + FP4_WARPS - 1) / FP4_WARPS;
 
-	if (fp4_smem_attr(c, kernel, smem, &attr_set))
+	/* its shared memory grows with cols: the limit goes to the most a block may have */
+	if (fp4_smem_attr(c, kernel, smem, c->smem_optin, &attr_set))
 		return;
 	per_sm = fp4_blocks_per_sm(c, kernel, &occ0[c->device & 63], smem);
 	if (per_sm < 1)
@@ -626,7 +629,7 @@ static void fp4_wmma_launch(struct sm70__cuda *c, const struct fp4_args *a)
 	const size_t smem = FP4_WARPS * fp4_stage<MT>::bytes;
 	const int n_tiles = (a->rows + 15) / 16;
 
-	if (fp4_smem_attr(c, (const void *)fp4_wmma_kernel<MT, NI, PF>, smem, &attr_set))
+	if (fp4_smem_attr(c, (const void *)fp4_wmma_kernel<MT, NI, PF>, smem, smem, &attr_set))
 		return;
 	fp4_wmma_kernel<MT, NI, PF><<<(n_tiles + MT - 1) / MT, FP4_WARPS * 32, smem,
 				      c->stream>>>(*a);
