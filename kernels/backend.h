@@ -270,15 +270,11 @@ struct sm70_backend_ops {
 	 * in its high nibble; scale E4M3 [rows][cols / 16], byte b scaling elements
 	 * 16b .. 16b + 15; scale2 the f32 weight_scale_2), makes *w_out: the same matrix in
 	 * this backend's arrangement in new backend memory (w_out->data and w_out->scale from
-	 * buf_alloc; the caller releases both with buf_free), scale2 copied. A host
-	 * row_scale2 (f32 [rows], host memory; NULL: none) is copied into new backend memory
-	 * at w_out->row_scale2 (buf_alloc; the caller frees it with buf_free like data and
-	 * scale); without one w_out->row_scale2 is NULL. The host buffers are only read and
-	 * may be freed on return. Not for use while a graph is captured.
+	 * buf_alloc; the caller releases both with buf_free), scale2 copied. The host buffers
+	 * are only read and may be freed on return. Not for use while a graph is captured.
 	 * Returns 0, or -EINVAL (not NVFP4, cols not a multiple of 16, a NaN scale byte
-	 * 0x7f / 0xff, a non-finite scale2 or row_scale2 entry), -ENOMEM or -EIO; err says
-	 * which, w_out->data, w_out->scale and w_out->row_scale2 are then NULL and nothing
-	 * is left allocated.
+	 * 0x7f / 0xff, a non-finite scale2), -ENOMEM or -EIO; err says which, w_out->data
+	 * and w_out->scale are then NULL and nothing is left allocated.
 	 * CPU: the ModelOpt layout as is. CUDA: see kernels/cuda/matmul_nvfp4.cu.
 	 */
 	int (*prepare_weight)(struct sm70_backend *be, struct sm70_weight *w_out,

@@ -22,19 +22,12 @@
 
 static const float e2m1_mag[8] = { 0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f };
 
-/* Row r's scale2: its row_scale2 entry when the matrix has one, else the matrix's. */
-static float nvfp4_scale2(const struct sm70_weight *w, int r)
-{
-	return w->row_scale2 ? w->row_scale2[r] : w->scale2;
-}
-
 /* dst[0..n) = elements k0 .. k0 + n of row r (k0 and n multiples of 16). */
 static void nvfp4_dequant(float *restrict dst, const struct sm70_weight *w, int r, int k0,
 			  int n)
 {
 	const uint8_t *codes = (const uint8_t *)w->data + (size_t)r * (size_t)(w->cols / 2);
 	const uint8_t *scales = (const uint8_t *)w->scale + (size_t)r * (size_t)(w->cols / 16);
-	const float scale2 = nvfp4_scale2(w, r);
 
 	for (int b = k0 / 16; b < (k0 + n) / 16; b++) {
 		const float s = sm70__e4m3_lut[scales[b]];
@@ -43,7 +36,7 @@ static void nvfp4_dequant(float *restrict dst, const struct sm70_weight *w, int 
 			const uint8_t c = (uint8_t)(codes[b * 8 + j / 2] >> (4 * (j & 1)));
 			const float e = (c & 8) ? -e2m1_mag[c & 7] : e2m1_mag[c & 7];
 
-			dst[(b - k0 / 16) * 16 + j] = (e * s) * scale2;
+			dst[(b - k0 / 16) * 16 + j] = (e * s) * w->scale2;
 		}
 	}
 }
@@ -110,26 +103,21 @@ void sm70__cpu_matmul_nvfp4(struct sm70__cpu *c, float *y, const float *x,
 		       nvfp4_rows, &j);
 }
 
-/* See backend.h: the CPU keeps ModelOpt's layout (and row_scale2), copied into new
- * backend memory. */
+/* See backend.h: the CPU keeps ModelOpt's layout, copied into new backend memory. */
 int sm70__cpu_prepare_weight(struct sm70_backend *be, struct sm70_weight *w_out,
 			     const struct sm70_weight *src, struct sm70_err *err)
 {
 	int ret = sm70__nvfp4_check(src, err);
-	size_t n_codes, n_scales, n_rs;
+	size_t n_codes, n_scales;
 
 	*w_out = (struct sm70_weight){ .dtype = SM70_DTYPE_NVFP4 };
 	if (ret)
 		return ret;
 	n_codes = (size_t)src->rows * (size_t)(src->cols / 2);
 	n_scales = (size_t)src->rows * (size_t)(src->cols / 16);
-	n_rs = src->row_scale2 ? (size_t)src->rows * sizeof(float) : 0;
 	w_out->data = be->ops->buf_alloc(be, n_codes);
 	w_out->scale = be->ops->buf_alloc(be, n_scales);
-	if (n_rs)
-		w_out->row_scale2 = be->ops->buf_alloc(be, n_rs);
-	if (!w_out->data || !w_out->scale || (n_rs && !w_out->row_scale2)) {
-		be->ops->buf_free(be, w_out->row_scale2);
+	if (!w_out->data || !w_out->scale) {
 		be->ops->buf_free(be, w_out->scale);
 		be->ops->buf_free(be, w_out->data);
 		*w_out = (struct sm70_weight){ .dtype = SM70_DTYPE_NVFP4 };
@@ -138,8 +126,6 @@ int sm70__cpu_prepare_weight(struct sm70_backend *be, struct sm70_weight *w_out,
 	}
 	memcpy(w_out->data, src->data, n_codes);
 	memcpy(w_out->scale, src->scale, n_scales);
-	if (n_rs)
-		memcpy(w_out->row_scale2, src->row_scale2, n_rs);
 	w_out->rows = src->rows;
 	w_out->cols = src->cols;
 	w_out->scale2 = src->scale2;

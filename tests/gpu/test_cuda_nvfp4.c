@@ -1,11 +1,9 @@
 /* test_cuda_nvfp4 - the CUDA matmul op on NVFP4 weights (kernels/cuda/matmul_nvfp4.cu)
  * against its CPU twin on the same ModelOpt bytes: random and odd shapes, n = 1..16 and
  * past 16, f16 and f32 outputs, a 448 / zero / subnormal-scale row each checked on its
- * own, on the default kernels (the dot kernel at n <= 4) and with SM70_NVFP4_VARIANT=1
- * (WMMA at every n); rows with their own scale2 (row_scale2) on every path; the reference
- * paths (SM70_NVFP4=reference on ModelOpt's layout, SM70_MATMUL=reference and an
- * unaligned x on the arranged one); a captured graph replayed over new x; prepare_weight's
- * refusal of cols not a multiple of 16. */
+ * own; the reference paths (SM70_NVFP4=reference on ModelOpt's layout, SM70_MATMUL=
+ * reference and an unaligned x on the arranged one); a captured graph replayed over new x;
+ * prepare_weight's refusal of cols not a multiple of 16. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -36,18 +34,7 @@
 #define TOL_F32 2e-5
 #define TOL_F16 6e-4
 
-/*
- * The dot kernel (the default at n <= 4) rounds each product e2m1 / 8 * x to f16 and adds
- * 8 of them in f16 before the f32 sum (matmul_nvfp4.cu): a simulation of that order on
- * K = 4096 random terms (these x, codes and scales; 1000 rows) gives at most 4.2e-4 of
- * max |y|, of which 1.7e-4 is the products' rounding alone; an f16 output adds up to
- * 4.9e-4. Its scales are f32, so the rows of 448 and 2^-9 scales see the same relative
- * bound.
- */
-#define TOL_DOT_F32 8e-4
-#define TOL_DOT_F16 1.2e-3
-
-static struct sm70_backend *gpu, *gpu_ref, *cpu, *gpu_fp4ref, *gpu_wmma;
+static struct sm70_backend *gpu, *gpu_ref, *cpu, *gpu_fp4ref;
 
 /* ---- the matrices -------------------------------------------------------------------- */
 
@@ -87,18 +74,6 @@ static void fp4_host_free(struct fp4_host *h)
 {
 	free(h->w.data);
 	free(h->w.scale);
-	free(h->w.row_scale2);
-}
-
-/* Gives h a row_scale2 of three parts (as q | k | v) 2^5 apart around its scale2. */
-static void fp4_host_parts(struct fp4_host *h)
-{
-	static const float part[3] = { 1.0f / 32.0f, 1.0f, 32.0f };
-
-	h->w.row_scale2 = malloc(sizeof(float) * (size_t)h->w.rows);
-	assert_non_null(h->w.row_scale2);
-	for (int r = 0; r < h->w.rows; r++)
-		h->w.row_scale2[r] = h->w.scale2 * part[r * 3 / h->w.rows];
 }
 
 static struct sm70_weight prepare(struct sm70_backend *be, const struct fp4_host *h)
@@ -115,7 +90,6 @@ static void release(struct sm70_backend *be, struct sm70_weight *w)
 {
 	bfree(be, w->data);
 	bfree(be, w->scale);
-	bfree(be, w->row_scale2);
 }
 
 /* ---- one comparison ------------------------------------------------------------------ */
@@ -160,15 +134,13 @@ static void compare_case(struct sm70_backend *be, const char *path, const struct
 	float *x = rvec16((size_t)n * cols, 1.0f), *got = fvec(ny), *ref = fvec(ny);
 	float *rg = fvec((size_t)n), *rr = fvec((size_t)n);
 	struct sm70_weight wg = prepare(be, h), wc = prepare(cpu, h);
-	const int dot = be == gpu && n <= 4;
-	const double tol = dot ? (y_f32 ? TOL_DOT_F32 : TOL_DOT_F16) : (y_f32 ? TOL_F32 : TOL_F16);
+	const double tol = y_f32 ? TOL_F32 : TOL_F16;
 	char what[128];
 
 	run(be, &wg, x, n, y_f32, x_off, got);
 	run(cpu, &wc, x, n, 1, 0, ref);
-	snprintf(what, sizeof(what), "%s%s [%d x %d] n %d %s%s%s", path, dot ? " (dot)" : "",
-		 rows, cols, n, y_f32 ? "f32" : "f16", x_off ? " unaligned x" : "",
-		 h->w.row_scale2 ? " row_scale2" : "");
+	snprintf(what, sizeof(what), "%s [%d x %d] n %d %s%s", path, rows, cols, n,
+		 y_f32 ? "f32" : "f16", x_off ? " unaligned x" : "");
 	compare_values(what, got, ref, ny, tol);
 	for (int r = 0; r < 3 && r < rows; r++) {
 		gather_row(rg, got, n, rows, r);
@@ -192,53 +164,30 @@ static void compare_case(struct sm70_backend *be, const char *path, const struct
 
 /* ---- tests ------------------------------------------------------------------------- */
 
-/* The fast kernels on odd and model shapes (a tall one takes the two-tile blocks, 9001
- * rows several row groups a warp on the dot kernel, 1040 and 48 columns a part-filled
- * stripe), every n up to 16 on one shape, and past 16 (slices of 16 rows): on the default
- * choice and with WMMA at every n. */
+/* The fast kernel on odd and model shapes (a tall one takes the two-tile blocks), every n
+ * up to 16 on one shape, and past 16 (slices of 16 rows). */
 static void test_fast_path(void **state)
 {
 	static const int shapes[][2] = { { 1, 16 },     { 7, 48 },      { 33, 80 },
 					 { 129, 1040 }, { 1000, 4096 }, { 9001, 256 } };
-	static const int ns[] = { 1, 2, 3, 4, 8, 16, 17, 40 };
-	struct sm70_backend *bes[2] = { gpu, gpu_wmma };
-	const char *names[2] = { "fast", "SM70_NVFP4_VARIANT=1" };
+	static const int ns[] = { 1, 3, 8, 16, 17, 40 };
 
-	for (int b = 0; b < 2; b++) {
-		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
-			struct fp4_host h;
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+		struct fp4_host h;
 
-			fp4_host_new(&h, shapes[s][0], shapes[s][1]);
-			for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++)
-				compare_case(bes[b], names[b], &h, ns[k], (int)(k & 1), 0);
-			fp4_host_free(&h);
-		}
-		{
-			struct fp4_host h;
-
-			fp4_host_new(&h, 77, 208);
-			for (int n = 1; n <= 16; n++)
-				compare_case(bes[b], names[b], &h, n, n % 2, 0);
-			fp4_host_free(&h);
-		}
+		fp4_host_new(&h, shapes[s][0], shapes[s][1]);
+		for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++)
+			compare_case(gpu, "fast", &h, ns[k], (int)(k & 1), 0);
+		fp4_host_free(&h);
 	}
-}
+	{
+		struct fp4_host h;
 
-/* Rows with their own scale2 (three parts 2^5 apart) on every path: dot, WMMA, both
- * reference kernels. */
-static void test_row_scale2(void **state)
-{
-	struct fp4_host h;
-
-	fp4_host_new(&h, 300, 1056);
-	fp4_host_parts(&h);
-	compare_case(gpu, "fast", &h, 1, 1, 0);
-	compare_case(gpu, "fast", &h, 4, 0, 0);
-	compare_case(gpu, "fast", &h, 9, 1, 0);
-	compare_case(gpu_wmma, "SM70_NVFP4_VARIANT=1", &h, 2, 1, 0);
-	compare_case(gpu_fp4ref, "SM70_NVFP4=reference", &h, 3, 1, 0);
-	compare_case(gpu_ref, "SM70_MATMUL=reference", &h, 3, 1, 0);
-	fp4_host_free(&h);
+		fp4_host_new(&h, 77, 208);
+		for (int n = 1; n <= 16; n++)
+			compare_case(gpu, "fast", &h, n, n % 2, 0);
+		fp4_host_free(&h);
+	}
 }
 
 /* SM70_NVFP4=reference keeps ModelOpt's bytes on the device and matches the CPU; the
@@ -267,12 +216,10 @@ static void test_reference_paths(void **state)
 	fp4_host_free(&h);
 }
 
-/* A captured matmul replayed over new x equals eager runs bit for bit, with n rows of x
- * (the first call of its kernel may be the captured one: launch set-up must be legal
- * while capturing). */
-static void graph_replay(int n)
+/* A captured matmul replayed over new x equals eager runs bit for bit. */
+static void test_graph_replay(void **state)
 {
-	const int rows = 300, cols = 512;
+	const int rows = 300, cols = 512, n = 6;
 	const size_t nx = (size_t)n * cols, ny = (size_t)n * rows;
 	struct fp4_host h;
 	struct sm70_weight w;
@@ -307,14 +254,6 @@ static void graph_replay(int n)
 	free(eager);
 }
 
-/* On the dot kernel and on WMMA. It runs first, so each kernel's first call (its launch
- * set-up: occupancy and attribute queries) is the captured one. */
-static void test_graph_replay(void **state)
-{
-	graph_replay(2);
-	graph_replay(6);
-}
-
 static void test_refusal(void **state)
 {
 	struct fp4_host h;
@@ -334,17 +273,15 @@ static void test_refusal(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_graph_replay),
 		cmocka_unit_test(test_fast_path),
-		cmocka_unit_test(test_row_scale2),
 		cmocka_unit_test(test_reference_paths),
+		cmocka_unit_test(test_graph_replay),
 		cmocka_unit_test(test_refusal),
 	};
 	struct sm70_err err = { { 0 } };
 	int ret;
 
-	/* the NVFP4 switch's own backend and one with WMMA at every n, beside the three
-	 * gpu_test_main makes */
+	/* the NVFP4 switch's own backend, beside the three gpu_test_main makes */
 	setenv("SM70_NVFP4", "reference", 1);
 	ret = sm70_backend_cuda_create(&gpu_fp4ref, 0, &err);
 	unsetenv("SM70_NVFP4");
@@ -356,21 +293,12 @@ int main(void)
 		fprintf(stderr, "cuda backend (SM70_NVFP4=reference): %s\n", err.msg);
 		return 1;
 	}
-	setenv("SM70_NVFP4_VARIANT", "1", 1);
-	ret = sm70_backend_cuda_create(&gpu_wmma, 0, &err);
-	unsetenv("SM70_NVFP4_VARIANT");
-	if (ret) {
-		fprintf(stderr, "cuda backend (SM70_NVFP4_VARIANT=1): %s\n", err.msg);
-		sm70_backend_destroy(gpu_fp4ref);
-		return 1;
-	}
 	ret = gpu_test_main("cuda_nvfp4", tests, sizeof(tests) / sizeof(tests[0]), &gpu,
 			    &gpu_ref, &cpu);
-	if (gpu_fp4ref->ops->sync(gpu_fp4ref) || gpu_wmma->ops->sync(gpu_wmma)) {
-		fprintf(stderr, "a CUDA error was recorded on an extra backend\n");
+	if (gpu_fp4ref->ops->sync(gpu_fp4ref)) {
+		fprintf(stderr, "a CUDA error was recorded on the SM70_NVFP4=reference backend\n");
 		ret = 1;
 	}
-	sm70_backend_destroy(gpu_wmma);
 	sm70_backend_destroy(gpu_fp4ref);
 	return ret;
 }

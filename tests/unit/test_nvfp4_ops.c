@@ -2,8 +2,7 @@
  * kept, its named refusals), matmul against a float64 reference decoded in this file from
  * the ModelOpt bytes (every E2M1 code, E4M3 scales from subnormals to 448, a zero-scale
  * row, odd row counts, K 16 / 48 / 2048, n 1 / 3 / 16 / 17), bitwise the same on 1 and 4
- * threads and on the no-scratch path, a per-row scale2 (row_scale2), and
- * sm70_weight_bytes. */
+ * threads and on the no-scratch path, and sm70_weight_bytes. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -61,7 +60,6 @@ static void host_fp4_free(struct host_fp4 *h)
 {
 	free(h->w.data);
 	free(h->w.scale);
-	free(h->w.row_scale2);
 }
 
 static unsigned code_at(const struct sm70_weight *w, int r, int k)
@@ -81,9 +79,8 @@ static void set_code(struct sm70_weight *w, int r, int k, unsigned code)
 static double ref_w(const struct sm70_weight *w, int r, int k)
 {
 	const uint8_t s = ((const uint8_t *)w->scale)[(size_t)r * (w->cols / 16) + k / 16];
-	const float scale2 = w->row_scale2 ? w->row_scale2[r] : w->scale2;
 
-	return ref_e2m1(code_at(w, r, k)) * ref_e4m3(s) * (double)scale2;
+	return ref_e2m1(code_at(w, r, k)) * ref_e4m3(s) * (double)w->scale2;
 }
 
 /* A random finite E4M3 byte, positive (as ModelOpt's scales are) unless signed. */
@@ -113,10 +110,6 @@ static struct sm70_weight prepare(struct sm70_backend *be, const struct host_fp4
 	assert_true(w.scale2 == h->w.scale2);
 	assert_memory_equal(w.data, h->w.data, (size_t)w.rows * w.cols / 2);
 	assert_memory_equal(w.scale, h->w.scale, (size_t)w.rows * w.cols / 16);
-	if (h->w.row_scale2)
-		assert_memory_equal(w.row_scale2, h->w.row_scale2, sizeof(float) * w.rows);
-	else
-		assert_null(w.row_scale2);
 	return w;
 }
 
@@ -124,7 +117,6 @@ static void release(struct sm70_backend *be, struct sm70_weight *w)
 {
 	be->ops->buf_free(be, w->data);
 	be->ops->buf_free(be, w->scale);
-	be->ops->buf_free(be, w->row_scale2);
 }
 
 /*
@@ -321,49 +313,6 @@ static void test_matmul_threads(void **state)
 	sm70_backend_destroy(b1);
 }
 
-/* ---- row_scale2 ------------------------------------------------------------------ */
-
-/* A stacked matrix's rows keep their own scale2: rows in three parts (as q | k | v) with
- * scale2 values 2^10 apart, against the float64 reference that reads row_scale2; and each
- * output equals the same row alone with that scale2 as its matrix scale, bit for bit
- * (the per-row value enters exactly as the per-matrix one does). */
-static void test_row_scale2(void **state)
-{
-	static const float part_scale2[3] = { 3.1e-5f, 0.0317f, 31.7f };
-	const int rows = 9, cols = 96, n = 3;
-	struct sm70_backend *be = cpu_backend(2);
-	struct host_fp4 h, one;
-	float *x = rnd_x(n, cols, 1.0f), *y, *y1;
-
-	host_fp4_new(&h, rows, cols, 1.0f);
-	h.w.row_scale2 = malloc(sizeof(float) * rows);
-	assert_non_null(h.w.row_scale2);
-	for (size_t i = 0; i < (size_t)rows * cols / 2; i++)
-		((uint8_t *)h.w.data)[i] = (uint8_t)rnd_int(256);
-	for (size_t i = 0; i < (size_t)rows * cols / 16; i++)
-		((uint8_t *)h.w.scale)[i] = rnd_e4m3(0);
-	for (int r = 0; r < rows; r++)
-		h.w.row_scale2[r] = part_scale2[r * 3 / rows];
-	y = check_matmul(be, &h, x, n, "nvfp4 row_scale2 (3 parts)");
-	host_fp4_new(&one, 1, cols, 1.0f);
-	for (int r = 0; r < rows; r++) {
-		memcpy(one.w.data, (uint8_t *)h.w.data + (size_t)r * cols / 2, (size_t)cols / 2);
-		memcpy(one.w.scale, (uint8_t *)h.w.scale + (size_t)r * cols / 16,
-		       (size_t)cols / 16);
-		one.w.scale2 = h.w.row_scale2[r];
-		y1 = check_matmul(be, &one, x, n, "  the row alone, its scale2 as scale2");
-		for (int i = 0; i < n; i++)
-			assert_true(y1[i] == y[(size_t)i * rows + r]);
-		free(y1);
-	}
-	printf("  row_scale2: every row == that row alone with its scale2, bitwise\n");
-	free(y);
-	free(x);
-	host_fp4_free(&one);
-	host_fp4_free(&h);
-	sm70_backend_destroy(be);
-}
-
 /* ---- refusals and byte counts ------------------------------------------------------- */
 
 static void expect_refusal(struct sm70_backend *be, const struct sm70_weight *src,
@@ -395,9 +344,6 @@ static void test_prepare_refusals(void **state)
 	bad = h.w;
 	bad.scale2 = NAN;
 	expect_refusal(be, &bad, "weight_scale_2");
-	bad = h.w;
-	bad.row_scale2 = (float[3]){ 1.0f, INFINITY, 1.0f };
-	expect_refusal(be, &bad, "row_scale2[1]");
 	((uint8_t *)h.w.scale)[2 * 3 + 1] = 0xff;
 	expect_refusal(be, &h.w, "weight_scale[2][1]");
 	host_fp4_free(&h);
@@ -428,7 +374,6 @@ int main(void)
 		cmocka_unit_test(test_e4m3_scales),
 		cmocka_unit_test(test_matmul_random),
 		cmocka_unit_test(test_matmul_threads),
-		cmocka_unit_test(test_row_scale2),
 		cmocka_unit_test(test_prepare_refusals),
 		cmocka_unit_test(test_weight_bytes),
 	};
