@@ -76,16 +76,25 @@ static int stored_nvfp4(const struct sm70_ckpt *ck, enum sm70_quant_format f,
 }
 
 /* 1 when the part is NVFP4, 0 when it is float, -EINVAL when the checkpoint contradicts
- * its quantization config. */
+ * its quantization config (or holds NVFP4 tensors without one). */
 static int part_kind(const struct sm70_model *m, const struct sm70_ckpt *ck,
 		     const struct sm70_weight_part *p, int full_cols, struct sm70_err *err)
 {
 	char mod[MODULE_LEN];
 
-	if (m->quant.format == SM70_QUANT_NONE || !module_of(mod, sizeof(mod), p->name))
+	if (!module_of(mod, sizeof(mod), p->name))
 		return 0;
 	if (m->opts.dummy)
 		return sm70_quant_module_quantized(&m->quant, mod, full_cols);
+	if (m->quant.format == SM70_QUANT_NONE) {
+		if (stored_nvfp4(ck, SM70_QUANT_MODELOPT_NVFP4, p->name, mod) ||
+		    stored_nvfp4(ck, SM70_QUANT_CT_NVFP4, p->name, mod))
+			return sm70_errf(err, -EINVAL, "%s is stored as NVFP4 in %s, but the "
+					 "checkpoint declares no quantization (no "
+					 "quantization_config in config.json, no "
+					 "hf_quant_config.json)", p->name, sm70_ckpt_dir(ck));
+		return 0;
+	}
 	if (!stored_nvfp4(ck, m->quant.format, p->name, mod))
 		return 0;
 	if (sm70_quant_ignored(&m->quant, mod))
