@@ -6,8 +6,8 @@
  * prompt position and over every step, top-1 agreement); two tensor-parallel ranks equal
  * one; every malformed field and unsupported declaration is refused with its named
  * error; a backend without prepare_weight and NVFP4 experts without prepare_experts are
- * refused by name; dummy NVFP4 weights load at 0.5625 bytes a weight, at the scale of
- * the float dummies. Needs the built tools/sm70-quantize (SM70_BUILD, default "build").
+ * refused by name; the fused SwiGLU down projection is never given an NVFP4 weight; dummy
+ * NVFP4 weights load at 0.5625 bytes a weight, at the scale of the float dummies. Needs the built tools/sm70-quantize (SM70_BUILD, default "build").
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -961,14 +961,27 @@ static void test_quant_configs(void **state)
 	sm70_quant_config_free(&q);
 	json_decref(config);
 
+	/* hf_quant_config.json alone declares ModelOpt */
+	config = json_object();
+	hf = json_loads("{\"producer\": {\"name\": \"modelopt\"}, \"quantization\": "
+			"{\"quant_algo\": \"NVFP4\", \"kv_cache_quant_algo\": null, "
+			"\"exclude_modules\": [\"lm_head\"]}}", 0, NULL);
+	assert_int_equal(sm70_quant_config_parse(&q, config, hf, "/ckpt", &err), 0);
+	assert_int_equal(q.format, SM70_QUANT_MODELOPT_NVFP4);
+	assert_true(sm70_quant_ignored(&q, "lm_head"));
+	sm70_quant_config_free(&q);
+	json_decref(config);
+	json_decref(hf);
+
 	/* nothing declared */
 	config = json_object();
 	assert_int_equal(sm70_quant_config_parse(&q, config, NULL, "/ckpt", &err), 0);
 	assert_int_equal(q.format, SM70_QUANT_NONE);
 	sm70_quant_config_free(&q);
 	json_decref(config);
-	printf("served: modelopt (flat and hf_quant_config.json, lists joined, globs, parents, "
-	       "nested names), compressed-tensors with re: entries; none declared\n");
+	printf("served: modelopt (flat, with hf_quant_config.json, lists joined, globs, parents, "
+	       "nested names; hf_quant_config.json alone), compressed-tensors with re: entries; "
+	       "none declared\n");
 }
 
 /* A backend without prepare_weight, and NVFP4 experts on one without prepare_experts. */
@@ -1005,6 +1018,57 @@ static void test_backend_refusals(void **state)
 	printf("NVFP4 experts (qwen3_moe quantized by sm70-quantize):\n");
 	expect_refused(moe, 1, 0, -ENOTSUP, "the cpu backend has no NVFP4 experts "
 		       "(prepare_experts), which the experts of model.layers.0.mlp need");
+}
+
+/* The fused SwiGLU down projection never sees an NVFP4 weight: with SM70_FUSED=silu and
+ * a silu_matmul that counts its calls, a decode-sized step of the bf16 fixture calls it
+ * and one of the NVFP4 checkpoint does not (it takes silu_mul, then matmul). */
+static int silu_calls, silu_nvfp4_calls;
+
+static void counting_silu_matmul(struct sm70_backend *be, void *y, const void *gate_up,
+				 const struct sm70_weight *w, int n)
+{
+	silu_calls++;
+	silu_nvfp4_calls += w->dtype == SM70_DTYPE_NVFP4;
+}
+
+static int silu_calls_of(const char *dir)
+{
+	struct sm70_backend_ops ops;
+	struct sm70_err err = { { 0 } };
+	const struct sm70_backend_ops *cpu_ops;
+	struct loaded L;
+	float logits[8 * 512];
+	const int32_t prompt[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+
+	assert_int_equal(load(&L, dir, 1, 0, &err), 0);
+	cpu_ops = L.be->ops;
+	ops = *cpu_ops;
+	ops.silu_matmul = counting_silu_matmul;
+	L.be->ops = &ops;
+	silu_calls = silu_nvfp4_calls = 0;
+	assert_true(L.m->cfg.vocab_size <= 512);
+	all_logits(L.m, prompt, 8, logits);
+	L.be->ops = cpu_ops;
+	unload(&L);
+	assert_int_equal(silu_nvfp4_calls, 0);
+	return silu_calls;
+}
+
+static void test_silu_matmul_guard(void **state)
+{
+	char mo[128];
+	int f, q;
+
+	snprintf(mo, sizeof(mo), "%s/qwen3-mo", tmp);
+	setenv("SM70_FUSED", "silu", 1);
+	f = silu_calls_of(QWEN3);
+	q = silu_calls_of(mo);
+	unsetenv("SM70_FUSED");
+	printf("SM70_FUSED=silu, an 8-token step: silu_matmul called %d times for bf16, %d for "
+	       "NVFP4 down_proj\n", f, q);
+	assert_int_equal(f, 2);
+	assert_int_equal(q, 0);
 }
 
 /* ---- (e) dummy NVFP4 weights --------------------------------------------------------- */
@@ -1131,6 +1195,7 @@ int main(void)
 		cmocka_unit_test(test_malformed_checkpoints),
 		cmocka_unit_test(test_quant_configs),
 		cmocka_unit_test(test_backend_refusals),
+		cmocka_unit_test(test_silu_matmul_guard),
 		cmocka_unit_test(test_dummy),
 	};
 
