@@ -41,6 +41,10 @@ int sm70__nvfp4_check(const struct sm70_weight *w, struct sm70_err *err)
 	if (!isfinite(w->scale2))
 		return sm70_errf(err, -EINVAL, "nvfp4 weight [%d, %d]: weight_scale_2 is %g",
 				 w->rows, w->cols, (double)w->scale2);
+	for (int r = 0; w->row_scale2 && r < w->rows; r++)
+		if (!isfinite(w->row_scale2[r]))
+			return sm70_errf(err, -EINVAL, "nvfp4 weight [%d, %d]: row_scale2[%d] is %g",
+					 w->rows, w->cols, r, (double)w->row_scale2[r]);
 	n_scales = (size_t)w->rows * (size_t)(w->cols / 16);
 	for (size_t i = 0; i < n_scales; i++)
 		if ((sc[i] & 0x7f) == 0x7f)

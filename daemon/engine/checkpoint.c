@@ -32,6 +32,7 @@ struct sm70_ckpt {
 	char *dir;
 	json_t *config;
 	json_t *gen;                       /* NULL when generation_config.json is absent */
+	json_t *hf_quant;                  /* NULL when hf_quant_config.json is absent */
 	size_t n_files;
 	struct sm70_st_file **files;
 	size_t n_names;
@@ -353,6 +354,9 @@ static int ckpt_open(struct sm70_ckpt **out, const char *dir, int weights,
 	ret = load_json(&c->gen, dir, "generation_config.json", 0, err);
 	if (ret)
 		goto fail;
+	ret = load_json(&c->hf_quant, dir, "hf_quant_config.json", 0, err);
+	if (ret)
+		goto fail;
 	if (weights) {
 		ret = load_weights(c, err);
 		if (ret)
@@ -385,6 +389,7 @@ void sm70_ckpt_close(struct sm70_ckpt *c)
 	for (size_t i = 0; i < c->n_files; i++)
 		sm70_st_close(c->files[i]);
 	free(c->files);
+	json_decref(c->hf_quant);
 	json_decref(c->gen);
 	json_decref(c->config);
 	free(c->dir);
@@ -399,6 +404,11 @@ json_t *sm70_ckpt_config(const struct sm70_ckpt *c)
 json_t *sm70_ckpt_generation_config(const struct sm70_ckpt *c)
 {
 	return c->gen;
+}
+
+json_t *sm70_ckpt_hf_quant_config(const struct sm70_ckpt *c)
+{
+	return c->hf_quant;
 }
 
 const char *sm70_ckpt_dir(const struct sm70_ckpt *c)

@@ -1,6 +1,6 @@
 /*
  * checkpoint.h - a Hugging Face checkpoint directory: config.json, optional
- * generation_config.json, and safetensors weights (model.safetensors, or the shards
+ * generation_config.json and hf_quant_config.json, and safetensors weights (model.safetensors, or the shards
  * listed in model.safetensors.index.json).
  *
  * Tensor names are looked up by their text-model name ("model.layers.0.mlp.up_proj.weight",
@@ -30,9 +30,11 @@ int sm70_ckpt_open_config_only(struct sm70_ckpt **out, const char *dir, struct s
 
 void sm70_ckpt_close(struct sm70_ckpt *c);
 
-/* Borrowed: valid until sm70_ckpt_close. generation config is NULL when absent. */
+/* Borrowed: valid until sm70_ckpt_close. generation config and ModelOpt's
+ * hf_quant_config.json are NULL when absent. */
 json_t *sm70_ckpt_config(const struct sm70_ckpt *c);
 json_t *sm70_ckpt_generation_config(const struct sm70_ckpt *c);
+json_t *sm70_ckpt_hf_quant_config(const struct sm70_ckpt *c);
 const char *sm70_ckpt_dir(const struct sm70_ckpt *c);
 
 /* The weight files in the order they were opened, borrowed: their tensors carry the names

@@ -282,8 +282,10 @@ static void mlp_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
 	int T = rk->batch.n_tokens;
 
 	op->matmul(be, w->gate_up, 0, w->y, &M->gate_up, T);
-	/* the fused form re-reads W for every 16 rows: decode-sized steps only */
-	if ((m->fused & SM70_FUSED_SILU) && op->silu_matmul && T <= 16) {
+	/* the fused form re-reads W for every 16 rows: decode-sized steps only; it reads
+	 * float weights only (backend.h: only matmul takes NVFP4) */
+	if ((m->fused & SM70_FUSED_SILU) && op->silu_matmul && T <= 16 &&
+	    M->down.dtype != SM70_DTYPE_NVFP4) {
 		op->silu_matmul(be, w->delta, w->gate_up, &M->down, T);
 	} else {
 		op->silu_mul(be, w->mid, w->gate_up, T, rk->inter);
@@ -568,6 +570,10 @@ int sm70__load_embed_head(struct sm70_model *m, int r, const struct sm70_ckpt *c
 		ret = sm70__weight_load(m, r, ck, &d->embed, p, 1, H, 0, H, err);
 		if (ret)
 			return ret;
+		/* the embed op reads whole rows of a float table (so does a tied head's view) */
+		if (d->embed.dtype == SM70_DTYPE_NVFP4)
+			return sm70_errf(err, -ENOTSUP, "%s is stored as NVFP4: sm70 reads the "
+					 "embedding as f32, f16 or bf16 only", n_embed);
 	}
 	/* A checkpoint that says "tied" but still stores lm_head.weight: use what it stores,
 	 * as transformers would after loading. */

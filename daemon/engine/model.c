@@ -390,6 +390,10 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 				      sm70_ckpt_generation_config(ck), err);
 	if (ret)
 		goto fail;
+	ret = sm70_quant_config_parse(&m->quant, sm70_ckpt_config(ck),
+				      sm70_ckpt_hf_quant_config(ck), sm70_ckpt_dir(ck), err);
+	if (ret)
+		goto fail;
 	m->entry = sm70__arch_of(&m->cfg);
 	m->arch = m->entry ? m->entry->ops : NULL;
 	if (!m->arch) {
@@ -504,6 +508,7 @@ void sm70_model_free(struct sm70_model *m)
 		be->ops->buf_free(be, rk->batch_buf);
 	}
 	sm70__pinned_free(m->pinned, m->pinned_bytes);
+	sm70_quant_config_free(&m->quant);
 	free(m);
 }
 

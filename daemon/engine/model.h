@@ -21,6 +21,7 @@
 #include "daemon/engine/arch.h"
 #include "daemon/engine/checkpoint.h"
 #include "daemon/engine/model_config.h"
+#include "daemon/engine/quant_config.h"
 #include "kernels/backend.h"
 #include "kernels/comm.h"
 
@@ -117,6 +118,9 @@ enum { SM70_FUSED_QK = 1, SM70_FUSED_SILU = 2, SM70_FUSED_ALL = 3 };
 
 struct sm70_model {
 	struct sm70_model_config cfg;
+	/* The checkpoint's quantized format (config.json / hf_quant_config.json), read at
+	 * load; weights_nvfp4.c loads what it declares. */
+	struct sm70_quant_config quant;
 	struct sm70_model_opts opts;
 	const struct sm70_arch_ops *arch;
 	int tp;                    /* ranks */
@@ -222,6 +226,27 @@ struct sm70_weight_part {
 int sm70__weight_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
 		      struct sm70_weight *w, const struct sm70_weight_part *parts, int n,
 		      int full_cols, int col0, int cols, struct sm70_err *err);
+
+/*
+ * weights_nvfp4.c, for sm70__weight_load. sm70__nvfp4_parts says what the parts are:
+ * 1 NVFP4 (their companion tensors are in the checkpoint, or, in dummy mode, m->quant
+ * would quantize them), 0 float, or -EINVAL when the parts mix the two or the checkpoint
+ * stores a module its quantization config lists as unquantized. sm70__nvfp4_weight_load
+ * then loads them as one NVFP4 matrix through the backend's prepare_weight (each row
+ * keeping its part's scale2, in row_scale2 when the parts' differ), or refuses by name:
+ * a backend without prepare_weight, a malformed tensor, a column band that does not
+ * start and end on a block of 16.
+ */
+int sm70__nvfp4_parts(const struct sm70_model *m, const struct sm70_ckpt *ck,
+		      const struct sm70_weight_part *parts, int n, int full_cols,
+		      struct sm70_err *err);
+int sm70__nvfp4_weight_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+			    struct sm70_weight *w, const struct sm70_weight_part *parts, int n,
+			    int full_cols, int col0, int cols, struct sm70_err *err);
+/* The experts of the MoE MLP at name prefix p: 0 when they are float, else -ENOTSUP naming
+ * the backend (no prepare_experts) or saying the NVFP4 expert loader is not built. */
+int sm70__refuse_nvfp4_experts(const struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+			      const char *p, int hidden, struct sm70_err *err);
 /* A norm weight [dim] as f32; the family's zero-centred norms get their 1 added here. */
 int sm70__norm_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, float **out,
 		    const char *name, int dim, struct sm70_err *err);
@@ -244,7 +269,13 @@ int sm70__f32_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, floa
 		   const char *name, int ndim, const int64_t *shape,
 		   const struct sm70_row_band *bands, int n_bands, float add, float dummy_base,
 		   float dummy_scale, struct sm70_err *err);
+/* Frees w's buffers (data, and an NVFP4 matrix's scale and row_scale2). */
 void sm70__weight_free(struct sm70_model *m, int r, struct sm70_weight *w);
+
+/* The dummy weights' hashing (weights.c): the splitmix64 finaliser, and the seed of a
+ * tensor from its name and opts.dummy_seed. */
+uint64_t sm70__mix64(uint64_t z);
+uint64_t sm70__name_seed(const char *name, uint64_t seed);
 
 /*
  * Loads rank r's share of the n_experts experts of the MoE MLP at name prefix p: rows

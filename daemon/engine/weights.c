@@ -2,6 +2,7 @@
  * weights.c - weights for the architectures: stacks of checkpoint tensor bands (what a
  * tensor-parallel rank holds) in the backend's dtype, f32 vectors (norms, convolution
  * and gate parameters), and the deterministic dummy weights of --load-format dummy.
+ * Matrices stored as NVFP4 go to weights_nvfp4.c.
  *
  * Every value read from a checkpoint is checked to be finite on its way through (in the
  * copy or conversion pass it takes anyway): a NaN or an infinity in the weights makes
@@ -20,15 +21,14 @@
 #include "daemon/engine/model.h"
 
 
-/* The splitmix64 finaliser. */
-static uint64_t mix64(uint64_t z)
+uint64_t sm70__mix64(uint64_t z)
 {
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
 	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
 	return z ^ (z >> 31);
 }
 
-static uint64_t name_seed(const char *name, uint64_t seed)
+uint64_t sm70__name_seed(const char *name, uint64_t seed)
 {
 	uint64_t h = 0xcbf29ce484222325ull ^ seed; /* FNV-1a */
 
@@ -40,7 +40,7 @@ static uint64_t name_seed(const char *name, uint64_t seed)
 /* The dummy value of element i of a tensor seeded with s: uniform in [-1, 1). */
 static float dummy_at(uint64_t s, uint64_t i)
 {
-	uint64_t z = mix64(s + (i + 1) * 0x9e3779b97f4a7c15ull);
+	uint64_t z = sm70__mix64(s + (i + 1) * 0x9e3779b97f4a7c15ull);
 
 	return (float)((double)(z >> 40) * 0x1p-23 - 1.0);
 }
@@ -295,6 +295,11 @@ int sm70__weight_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
 
 	if (n < 1 || col0 < 0 || cols < 1 || col0 + cols > full_cols)
 		return -EINVAL;
+	ret = sm70__nvfp4_parts(m, ck, parts, n, full_cols, err);
+	if (ret < 0)
+		return ret;
+	if (ret)
+		return sm70__nvfp4_weight_load(m, r, ck, w, parts, n, full_cols, col0, cols, err);
 	t = calloc((size_t)n, sizeof(*t));
 	if (!t)
 		return -ENOMEM;
@@ -333,7 +338,7 @@ int sm70__weight_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
 		if (m->opts.dummy) {
 			struct dummy_job j = {
 				.dst = host + off, .dt = dt,
-				.seed = name_seed(parts[i].name, m->opts.dummy_seed),
+				.seed = sm70__name_seed(parts[i].name, m->opts.dummy_seed),
 				.scale = 1.0f / sqrtf((float)full_cols),
 				.full_cols = (size_t)full_cols, .row0 = (size_t)parts[i].row0,
 				.rows = (size_t)parts[i].rows, .col0 = (size_t)col0,
@@ -373,7 +378,7 @@ int sm70__f32_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, floa
 	const struct sm70_st_tensor *t = NULL;
 	size_t inner = 1, total = 0, off = 0;
 	float *host = NULL, *row = NULL;
-	uint64_t seed = name_seed(name, m->opts.dummy_seed);
+	uint64_t seed = sm70__name_seed(name, m->opts.dummy_seed);
 	int ret = 0;
 
 	*out = NULL;
@@ -452,9 +457,15 @@ int sm70__plain_norm_load(struct sm70_model *m, int r, const struct sm70_ckpt *c
 
 void sm70__weight_free(struct sm70_model *m, int r, struct sm70_weight *w)
 {
-	if (w->data)
-		m->rank[r].be->ops->buf_free(m->rank[r].be, w->data);
+	struct sm70_backend *be = m->rank[r].be;
+	void *bufs[] = { w->data, w->scale, w->row_scale2 };
+
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+		if (bufs[i])
+			be->ops->buf_free(be, bufs[i]);
 	w->data = NULL;
+	w->scale = NULL;
+	w->row_scale2 = NULL;
 }
 
 /* Fills rows x cols of dst (dt) with tensor `name`'s dummy values at (row0, col0) of a
@@ -463,7 +474,7 @@ static void dummy_window(const struct sm70_model *m, void *dst, enum sm70_dtype 
 			 const char *name, int full_cols, int row0, int rows, int col0, int cols)
 {
 	struct dummy_job j = {
-		.dst = dst, .dt = dt, .seed = name_seed(name, m->opts.dummy_seed),
+		.dst = dst, .dt = dt, .seed = sm70__name_seed(name, m->opts.dummy_seed),
 		.scale = 1.0f / sqrtf((float)full_cols), .full_cols = (size_t)full_cols,
 		.row0 = (size_t)row0, .rows = (size_t)rows, .col0 = (size_t)col0,
 		.cols = (size_t)cols,
@@ -502,6 +513,9 @@ int sm70__load_experts(struct sm70_model *m, int r, const struct sm70_ckpt *ck, 
 
 	snprintf(ngu, sizeof(ngu), "%smlp.experts.gate_up_proj", p);
 	snprintf(ndn, sizeof(ndn), "%smlp.experts.down_proj", p);
+	ret = sm70__refuse_nvfp4_experts(m, r, ck, p, hidden, err);
+	if (ret)
+		return ret;
 	fused = !m->opts.dummy && sm70_ckpt_find(ck, ngu);
 	if (fused) {
 		int64_t s_gu[3] = { n_experts, 2 * inter, hidden }, s_dn[3] = { n_experts, hidden,

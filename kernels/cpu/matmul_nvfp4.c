@@ -3,7 +3,8 @@
  * and the CPU's prepare_weight: the ModelOpt layout kept as is.
  *
  * The reference twin of kernels/cuda/matmul_nvfp4.cu: every element is dequantised in
- * f32 as (e2m1 * e4m3) * scale2, the first product exact (at most 6 significant bits),
+ * f32 as (e2m1 * e4m3) * scale2 (row r's row_scale2[r] when the weight has one), the
+ * first product exact (at most 6 significant bits),
  * so each element is the correctly rounded W[r][k]; then the f32 dots of matmul.c. Like
  * matmul.c, threads split the weight rows, a row is dequantised into the thread's scratch
  * once per call and dotted against every row of x, and every output is one dot of one
@@ -28,6 +29,7 @@ static void nvfp4_dequant(float *restrict dst, const struct sm70_weight *w, int 
 {
 	const uint8_t *codes = (const uint8_t *)w->data + (size_t)r * (size_t)(w->cols / 2);
 	const uint8_t *scales = (const uint8_t *)w->scale + (size_t)r * (size_t)(w->cols / 16);
+	const float scale2 = w->row_scale2 ? w->row_scale2[r] : w->scale2;
 
 	for (int b = k0 / 16; b < (k0 + n) / 16; b++) {
 		const float s = sm70__e4m3_lut[scales[b]];
@@ -36,7 +38,7 @@ static void nvfp4_dequant(float *restrict dst, const struct sm70_weight *w, int 
 			const uint8_t c = (uint8_t)(codes[b * 8 + j / 2] >> (4 * (j & 1)));
 			const float e = (c & 8) ? -e2m1_mag[c & 7] : e2m1_mag[c & 7];
 
-			dst[(b - k0 / 16) * 16 + j] = (e * s) * w->scale2;
+			dst[(b - k0 / 16) * 16 + j] = (e * s) * scale2;
 		}
 	}
 }
@@ -103,21 +105,25 @@ void sm70__cpu_matmul_nvfp4(struct sm70__cpu *c, float *y, const float *x,
 		       nvfp4_rows, &j);
 }
 
-/* See backend.h: the CPU keeps ModelOpt's layout, copied into new backend memory. */
+/* See backend.h: the CPU keeps ModelOpt's layout (and row_scale2), copied into new
+ * backend memory. */
 int sm70__cpu_prepare_weight(struct sm70_backend *be, struct sm70_weight *w_out,
 			     const struct sm70_weight *src, struct sm70_err *err)
 {
 	int ret = sm70__nvfp4_check(src, err);
-	size_t n_codes, n_scales;
+	size_t n_codes, n_scales, n_row_s2;
 
 	*w_out = (struct sm70_weight){ .dtype = SM70_DTYPE_NVFP4 };
 	if (ret)
 		return ret;
 	n_codes = (size_t)src->rows * (size_t)(src->cols / 2);
 	n_scales = (size_t)src->rows * (size_t)(src->cols / 16);
+	n_row_s2 = src->row_scale2 ? (size_t)src->rows * sizeof(float) : 0;
 	w_out->data = be->ops->buf_alloc(be, n_codes);
 	w_out->scale = be->ops->buf_alloc(be, n_scales);
-	if (!w_out->data || !w_out->scale) {
+	w_out->row_scale2 = n_row_s2 ? be->ops->buf_alloc(be, n_row_s2) : NULL;
+	if (!w_out->data || !w_out->scale || (n_row_s2 && !w_out->row_scale2)) {
+		be->ops->buf_free(be, w_out->row_scale2);
 		be->ops->buf_free(be, w_out->scale);
 		be->ops->buf_free(be, w_out->data);
 		*w_out = (struct sm70_weight){ .dtype = SM70_DTYPE_NVFP4 };
@@ -126,6 +132,8 @@ int sm70__cpu_prepare_weight(struct sm70_backend *be, struct sm70_weight *w_out,
 	}
 	memcpy(w_out->data, src->data, n_codes);
 	memcpy(w_out->scale, src->scale, n_scales);
+	if (n_row_s2)
+		memcpy(w_out->row_scale2, src->row_scale2, n_row_s2);
 	w_out->rows = src->rows;
 	w_out->cols = src->cols;
 	w_out->scale2 = src->scale2;

@@ -10,7 +10,8 @@
  * block scale t = e4m3 * 2^7 (at most 57344). Their product, one HMUL2 per two elements,
  * is e2m1 * e4m3 * 2^-7, exact in f16: an integer of at most 8 bits times 2^-17 or more,
  * at most 21. So the tensor cores (WMMA 16x16x16, f16 in, f32 accumulate: SM70) see W up
- * to the power of two and the per-matrix factor 128 * scale2, applied to each f32 sum.
+ * to the power of two and the per-matrix factor 128 * scale2, applied to each f32 sum
+ * (128 * row_scale2[r] on row r when the weight has per-row scales).
  * Nothing here needs FP4/FP8 hardware: bit operations and f16 multiplies only.
  *
  * Arrangement (prepare_weight), for 16-byte coalesced loads in the order the kernel reads:
@@ -118,7 +119,8 @@ template <int MT, int NI>
 static __global__ void __launch_bounds__(FP4_WARPS * 32, MT == 1 ? 2 : 1)
 	fp4_gemv_kernel(void *__restrict__ y, int y_f32, const __half *__restrict__ x,
 			const uint4 *__restrict__ codes, const uint16_t *__restrict__ scales,
-			int rows, int cols, int n, float out_scale)
+			int rows, int cols, int n, float out_scale,
+			const float *__restrict__ row_scale2)
 {
 	using namespace nvcuda;
 	extern __shared__ __align__(128) unsigned char fp4_smem[];
@@ -233,7 +235,9 @@ static __global__ void __launch_bounds__(FP4_WARPS * 32, MT == 1 ? 2 : 1)
 #pragma unroll
 		for (int v = 0; v < FP4_WARPS; v++)
 			sum += ((const float *)(fp4_smem + v * fp4_stage<MT>::bytes))[rr * 16 + j];
-		sum *= out_scale;
+		/* out_scale is 128 * scale2; a row's own scale2 takes its place (exact: a
+		 * power of two times it) */
+		sum *= row_scale2 ? 128.0f * row_scale2[r] : out_scale;
 		if (y_f32)
 			((float *)y)[(size_t)j * rows + r] = sum;
 		else
@@ -274,7 +278,8 @@ static __global__ void nvfp4_ref_kernel(void *__restrict__ y, int y_f32,
 					const __half *__restrict__ x,
 					const uint8_t *__restrict__ codes,
 					const uint8_t *__restrict__ scales, int rows, int cols,
-					float scale2, int arranged)
+					float scale2, const float *__restrict__ row_scale2,
+					int arranged)
 {
 	const int r = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
 	const int nsteps = (cols + FP4_KS - 1) / FP4_KS;
@@ -283,6 +288,8 @@ static __global__ void nvfp4_ref_kernel(void *__restrict__ y, int y_f32,
 
 	if (r >= rows)
 		return;
+	if (row_scale2)
+		scale2 = row_scale2[r];
 	for (int k = 0; k < cols; k++) {
 		size_t co, so;
 		int shift;
@@ -323,7 +330,7 @@ static void fp4_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x
 	}
 	fp4_gemv_kernel<MT, NI><<<(n_tiles + MT - 1) / MT, FP4_WARPS * 32, smem, c->stream>>>(
 		y, y_f32, x, (const uint4 *)w->data, (const uint16_t *)w->scale, w->rows, w->cols,
-		n, 128.0f * w->scale2);
+		n, 128.0f * w->scale2, w->row_scale2);
 }
 
 /* Two row tiles a block (half the x re-reads) when that still gives two blocks an SM. */
@@ -355,7 +362,7 @@ extern "C" void sm70__cuda_matmul_nvfp4(struct sm70_backend *be, void *y, int y_
 	if (c->nvfp4_ref || c->matmul_ref || ((uintptr_t)x & 15)) {
 		nvfp4_ref_kernel<<<dim3((w->rows + 127) / 128, n), 128, 0, c->stream>>>(
 			y, y_f32, xh, (const uint8_t *)w->data, (const uint8_t *)w->scale, w->rows,
-			w->cols, w->scale2, !c->nvfp4_ref);
+			w->cols, w->scale2, w->row_scale2, !c->nvfp4_ref);
 		SM70_CUDA_LAUNCHED(be, "nvfp4_ref_kernel");
 		return;
 	}
@@ -440,12 +447,16 @@ extern "C" int sm70__cuda_prepare_weight(struct sm70_backend *be, struct sm70_we
 	ret = fp4_upload(be, &w_out->data, codes, n_codes);
 	if (!ret)
 		ret = fp4_upload(be, &w_out->scale, scales, n_scales);
+	if (!ret && src->row_scale2)
+		ret = fp4_upload(be, (void **)&w_out->row_scale2, src->row_scale2,
+				 (size_t)src->rows * sizeof(float));
 out:
 	if (!c->nvfp4_ref) {
 		free(scales);
 		free(codes);
 	}
 	if (ret) {
+		be->ops->buf_free(be, w_out->row_scale2);
 		be->ops->buf_free(be, w_out->scale);
 		be->ops->buf_free(be, w_out->data);
 		*w_out = (struct sm70_weight){};
