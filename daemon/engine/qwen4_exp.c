@@ -178,12 +178,12 @@ static int load_tables(struct sm70_model *m, const struct sm70_ckpt *ck, struct 
 	/* then the rows */
 	for (int l = 0; l < c->n_layers && !ret; l++) {
 		struct sm70_ple_hash *h = &d->layers[l].ple.hash;
-		char *dst = (char *)m->pinned + off[l];
-		char p[96];
+		char p[96], *dst;
 		int n = 0;
 
 		if (q->ple_index[l] < 0)
 			continue;
+		dst = (char *)m->pinned + off[l];
 		h->table = dst;
 		if (m->opts.dummy) {
 			sm70__ple_dummy_fill(dst, h->table_dtype, (size_t)h->rows * row_dim,
