@@ -305,7 +305,8 @@ void sm70__parallel_for(size_t n, size_t band, size_t cost,
  * and those columns of its down (down: [E][hidden][ni]). Reads the fused layout
  * (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]) when the
  * checkpoint has it, else one tensor per expert (mlp.experts.<e>.{gate,up,down}_proj),
- * one expert at a time. Returns 0 or -errno with err naming the tensor.
+ * one expert at a time; NVFP4 experts (sm70__nvfp4_experts) through
+ * sm70__nvfp4_experts_load. Returns 0 or -errno with err naming the tensor.
  */
 int sm70__load_experts(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
 		       int n_experts, int inter, int i0, int ni, int hidden,

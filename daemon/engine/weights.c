@@ -2,7 +2,7 @@
  * weights.c - weights for the architectures: stacks of checkpoint tensor bands (what a
  * tensor-parallel rank holds) in the backend's dtype, f32 vectors (norms, convolution
  * and gate parameters), and the deterministic dummy weights of --load-format dummy.
- * Matrices stored as NVFP4 go to weights_nvfp4.c.
+ * Matrices and expert stacks stored as NVFP4 go to weights_nvfp4.c.
  *
  * Every value read from a checkpoint is checked to be finite on its way through (in the
  * copy or conversion pass it takes anyway): a NaN or an infinity in the weights makes

@@ -851,8 +851,6 @@ int sm70__nvfp4_experts_load(struct sm70_model *m, int r, const struct sm70_ckpt
 		goto out;
 	ret = prepare_stack(be, r, gate_up, &x.gu, p, "gate_up", err);
 	if (!ret)
-		ret = prepare_stack(be, r, gate_up, &x.gu, p, "gate_up", err);
-	if (!ret)
 		ret = prepare_stack(be, r, down, &x.dn, p, "down", err);
 out:
 	stack_free(&x.dn);

@@ -1492,6 +1492,182 @@ static void test_dummy(void **state)
 		       "align with NVFP4 blocks of 16 elements");
 }
 
+/* ---- (f) dummy NVFP4 experts ---------------------------------------------------------- */
+
+/* qwen3_moe's config (E 8, k 2, H 128; layers 0 and 2 MoE) with moe_intermediate_size
+ * inter and, when quantized, a ModelOpt quantization_config that keeps lm_head. */
+static const char *dummy_moe_dir(int quantized, int inter)
+{
+	static char dir[160];
+	json_t *cfg = read_json(MOE, "config.json");
+	char path[256];
+
+	snprintf(dir, sizeof(dir), "%s/dummymoe%d", tmp, n_variant++);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	json_object_set_new(cfg, "moe_intermediate_size", json_integer(inter));
+	if (quantized)
+		json_object_set_new(cfg, "quantization_config",
+				    json_loads("{\"quant_method\": \"modelopt\", \"quant_algo\": "
+					       "\"NVFP4\", \"group_size\": 16, \"ignore\": "
+					       "[\"lm_head\"]}", 0, NULL));
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	assert_int_equal(json_dump_file(cfg, path, 0), 0);
+	json_decref(cfg);
+	return dir;
+}
+
+/* The expert bytes one decoded token reads (k experts in each MoE layer), and the logits of
+ * a 24-token prompt into logits [24][vocab]. */
+static size_t one_token_expert_bytes(struct loaded *L, float *logits)
+{
+	int32_t prompt[24];
+	size_t bytes;
+
+	for (int i = 0; i < 24; i++)
+		prompt[i] = (int32_t)((i * 37 + 5) % L->m->cfg.vocab_size);
+	all_logits(L->m, prompt, 1, logits);
+	bytes = sm70_model_expert_bytes(L->m);
+	all_logits(L->m, prompt, 24, logits);
+	return bytes;
+}
+
+static void test_dummy_experts(void **state)
+{
+	const int H = 128, I = 64, E = 8, k = 2, moe_layers = 2, V = 512;
+	/* per expert: codes and block scales of gate_up [2I, H] and down [H, I], and their
+	 * row scales (2I + H f32) */
+	const size_t per = (size_t)2 * I * H * 9 / 16 + (size_t)H * I * 9 / 16 +
+			   (size_t)(2 * I + H) * sizeof(float);
+	struct sm70_err err = { { 0 } };
+	struct loaded q, q2, f;
+	const struct sm70_decoder *d;
+	float *a = malloc(sizeof(float) * 24 * V), *b = malloc(sizeof(float) * 24 * V);
+	size_t bytes, fbytes;
+	double worst = 0, rms;
+
+	assert_non_null(a);
+	assert_non_null(b);
+	if (load(&q, dummy_moe_dir(1, I), 1, 1, &err))
+		fail_msg("dummy NVFP4 MoE load: %s", err.msg);
+	if (load(&f, dummy_moe_dir(0, I), 1, 1, &err))
+		fail_msg("dummy bf16 MoE load: %s", err.msg);
+	d = q.m->rank[0].arch_state;
+	for (int l = 0; l < 3; l += 2) {
+		assert_int_equal(d->layers[l].moe.gate_up.dtype, SM70_DTYPE_NVFP4);
+		assert_int_equal(d->layers[l].moe.down.dtype, SM70_DTYPE_NVFP4);
+		assert_int_equal(d->layers[l].moe.gate_up.n_experts, E);
+	}
+	/* the dummy row scales give the float dummies' scale: rms 1/sqrt(3 H) */
+	rms = nvfp4_rms(&(struct sm70_weight){ .dtype = SM70_DTYPE_NVFP4, .rows = 2 * I,
+					       .cols = H, .data = d->layers[0].moe.gate_up.data,
+					       .scale = d->layers[0].moe.gate_up.scale,
+					       .row_scale2 = d->layers[0].moe.gate_up.row_scale2 });
+	printf("dummy NVFP4 expert 0 gate_up rms %.5f, 1/sqrt(3H) %.5f\n", rms, 1 / sqrt(3.0 * H));
+	assert_true(fabs(rms * sqrt(3.0 * H) - 1) < 0.05);
+	bytes = one_token_expert_bytes(&q, a);
+	fbytes = one_token_expert_bytes(&f, b);
+	printf("one token reads %zu NVFP4 expert bytes = %d layers x %d experts x %zu (codes, "
+	       "block scales, row scales); bf16 dummy: %zu\n", bytes, moe_layers, k, per, fbytes);
+	assert_int_equal(bytes, (size_t)moe_layers * k * per);
+	assert_int_equal(fbytes, (size_t)moe_layers * k * 3 * I * H * 2);
+	unload(&f);
+
+	/* two ranks hold the same dummy bytes as one, in bands */
+	if (load(&q2, dummy_moe_dir(1, I), 2, 1, &err))
+		fail_msg("dummy NVFP4 MoE load (tp 2): %s", err.msg);
+	one_token_expert_bytes(&q2, b);
+	for (int i = 0; i < 24; i++) {
+		assert_int_equal(argmax(a + (size_t)i * V, V), argmax(b + (size_t)i * V, V));
+		for (int v = 0; v < V; v++)
+			worst = fmax(worst, fabs((double)a[(size_t)i * V + v] - b[(size_t)i * V + v]));
+	}
+	printf("dummy NVFP4 experts, tp 2 vs 1 rank: top-1 equal at 24 positions, worst logit "
+	       "difference %.2e (<= 1e-4)\n", worst);
+	assert_true(worst <= 1e-4);
+	unload(&q2);
+	unload(&q);
+	free(a);
+	free(b);
+
+	printf("dummy NVFP4 experts whose down_proj rows (40) are not whole blocks:\n");
+	expect_refused(dummy_moe_dir(1, 40), 1, 1, -ENOTSUP, "are NVFP4 in gate and up but float "
+		       "in down");
+}
+
+/* ---- (g) the qwen4-exp-nvfp4 bench config --------------------------------------------- */
+
+static void assert_float(const struct sm70_weight *w, const char *what, int l)
+{
+	if (w->dtype == SM70_DTYPE_NVFP4)
+		fail_msg("layer %d: %s is NVFP4 under " BENCH_QWEN4 "'s ignore list", l, what);
+}
+
+/* The bench config's quantization_config on the qwen4_exp fixture's shape (the bench shape
+ * is 40 layers of 512 experts): dummy weights quantize the routed and shared experts, and
+ * nothing else; the model runs. */
+static void test_bench_config(void **state)
+{
+	json_t *bench, *cfg = read_json(QWEN4, "config.json");
+	json_error_t je;
+	char dir[160], path[256];
+	struct sm70_err err = { { 0 } };
+	struct loaded L;
+	const struct sm70_decoder *d;
+	float *logits;
+	int n_moe = 0;
+
+	bench = json_load_file(BENCH_QWEN4, 0, &je);
+	if (!bench)
+		fail_msg("%s: %s", BENCH_QWEN4, je.text);
+	json_object_set(cfg, "quantization_config", json_object_get(bench, "quantization_config"));
+	snprintf(dir, sizeof(dir), "%s/bench-qwen4", tmp);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	assert_int_equal(json_dump_file(cfg, path, 0), 0);
+	json_decref(cfg);
+	json_decref(bench);
+	if (load(&L, dir, 1, 1, &err))
+		fail_msg("dummy load of the qwen4 fixture with %s's quantization: %s", BENCH_QWEN4,
+			 err.msg);
+	d = L.m->rank[0].arch_state;
+	assert_float(&d->embed, "embed_tokens", -1);
+	assert_float(&d->lm_head, "lm_head", -1);
+	assert_float(&d->hc_final.mix, "the final mixer", -1);
+	assert_float(&d->hc_final.up, "the final mixer", -1);
+	for (int l = 0; l < d->n_layers; l++) {
+		const struct sm70_layer_weights *w = &d->layers[l];
+
+		assert_float(&w->attn.qkv, "self_attn q/k/v", l);
+		assert_float(&w->attn.o, "self_attn.o_proj", l);
+		assert_float(&w->gdn.in_proj, "linear_attn in_proj", l);
+		assert_float(&w->gdn.out, "linear_attn.out_proj", l);
+		assert_float(&w->moe.router, "the router", l);
+		assert_float(&w->hc_attn.mix, "attn_hyper_connection", l);
+		assert_float(&w->hc_attn.up, "attn_hyper_connection", l);
+		assert_float(&w->hc_mlp.mix, "mlp_hyper_connection", l);
+		assert_float(&w->hc_mlp.up, "mlp_hyper_connection", l);
+		assert_float(&w->ple.key, "ple.key_proj", l);
+		assert_float(&w->ple.value, "ple.value_proj", l);
+		if (!L.m->cfg.layer_moe[l])
+			continue;
+		assert_int_equal(w->moe.gate_up.dtype, SM70_DTYPE_NVFP4);
+		assert_int_equal(w->moe.down.dtype, SM70_DTYPE_NVFP4);
+		assert_int_equal(w->moe.shared.gate_up.dtype, SM70_DTYPE_NVFP4);
+		assert_int_equal(w->moe.shared.down.dtype, SM70_DTYPE_NVFP4);
+		n_moe++;
+	}
+	logits = malloc(sizeof(float) * 24 * (size_t)L.m->cfg.vocab_size);
+	assert_non_null(logits);
+	one_token_expert_bytes(&L, logits);
+	for (size_t i = 0; i < 24 * (size_t)L.m->cfg.vocab_size; i++)
+		assert_true(isfinite(logits[i]));
+	printf("%s's quantization on the qwen4_exp fixture: routed and shared experts NVFP4 in "
+	       "%d of %d layers, every other matrix bf16; 24 positions of finite logits\n",
+	       BENCH_QWEN4, n_moe, d->n_layers);
+	free(logits);
+	unload(&L);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1506,6 +1682,8 @@ int main(void)
 		cmocka_unit_test(test_backend_refusals),
 		cmocka_unit_test(test_silu_matmul_guard),
 		cmocka_unit_test(test_dummy),
+		cmocka_unit_test(test_dummy_experts),
+		cmocka_unit_test(test_bench_config),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
