@@ -1,6 +1,6 @@
-/* backend.c - what both backends share: destroying one through its op table, weight byte
- * counts, and the checks of an NVFP4 matrix handed to prepare_weight and of an NVFP4 expert
- * stack handed to prepare_experts. */
+/* backend.c - what both backends share: destroying one through its op table, weight and
+ * expert byte counts, and the checks of an NVFP4 matrix handed to prepare_weight and of an
+ * NVFP4 expert stack handed to prepare_experts. */
 #include "kernels/backend.h"
 
 #include <errno.h>
@@ -21,6 +21,17 @@ size_t sm70_weight_bytes(const struct sm70_weight *w)
 	if (w->dtype == SM70_DTYPE_NVFP4)
 		return elems / 2 + elems / 16;
 	return elems * sm70_dtype_size(w->dtype);
+}
+
+size_t sm70_expert_bytes(const struct sm70_experts *s)
+{
+	const size_t elems = (size_t)s->rows * (size_t)s->cols;
+
+	if (s->rows <= 0 || s->cols <= 0)
+		return 0;
+	if (s->dtype == SM70_DTYPE_NVFP4)
+		return elems / 2 + elems / 16 + (size_t)s->rows * sizeof(float);
+	return elems * sm70_dtype_size(s->dtype);
 }
 
 int sm70__nvfp4_check(const struct sm70_weight *w, struct sm70_err *err)

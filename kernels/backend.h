@@ -73,6 +73,13 @@ struct sm70_experts {
 	float *row_scale2;
 };
 
+/* The bytes of one expert of s as moe_experts reads it: rows * cols * element size for
+ * float stacks; for NVFP4 the ModelOpt count rows * cols / 2 code bytes, rows * cols / 16
+ * scale bytes and rows f32 row scales (a backend's arrangement may pad beyond that). 0
+ * for other dtypes. Every expert-byte sum (the engine's per-step figure) goes through
+ * this. */
+size_t sm70_expert_bytes(const struct sm70_experts *s);
+
 /*
  * The routing of n tokens, each to k of n_experts experts (moe_route writes it; backend
  * memory, sized for the most tokens a step carries):

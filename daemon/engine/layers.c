@@ -435,8 +435,7 @@ size_t sm70__decoder_expert_bytes(struct sm70_model *m, int r)
 	}
 	for (int l = 0; l < d->n_layers; l++) {
 		const struct sm70_moe_weights *E = &d->layers[l].moe;
-		size_t one = ((size_t)E->gate_up.rows * E->gate_up.cols +
-			      (size_t)E->down.rows * E->down.cols) * sm70_dtype_size(E->gate_up.dtype);
+		size_t one = sm70_expert_bytes(&E->gate_up) + sm70_expert_bytes(&E->down);
 		if (m->cfg.layer_moe[l] && used[l] > 0 && used[l] <= m->cfg.moe.n_experts)
 			n += (size_t)used[l] * one;
 	}

@@ -243,10 +243,25 @@ int sm70__nvfp4_parts(const struct sm70_model *m, const struct sm70_ckpt *ck,
 int sm70__nvfp4_weight_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
 			    struct sm70_weight *w, const struct sm70_weight_part *parts, int n,
 			    int full_cols, int col0, int cols, struct sm70_err *err);
-/* The experts of the MoE MLP at name prefix p: 0 when they are float, else -ENOTSUP naming
- * the backend (no prepare_experts) or saying the NVFP4 expert loader is not built. */
-int sm70__refuse_nvfp4_experts(const struct sm70_model *m, int r, const struct sm70_ckpt *ck,
-			      const char *p, int hidden, struct sm70_err *err);
+/*
+ * For sm70__load_experts. sm70__nvfp4_experts says what the n_experts experts of the MoE
+ * MLP at name prefix p are: 1 NVFP4 (their companion tensors are in the checkpoint, fused
+ * or one set per expert; in dummy mode, m->quant would quantize the fused
+ * mlp.experts.gate_up_proj and down_proj), 0 float, or -EINVAL / -ENOTSUP naming the
+ * tensor when the checkpoint contradicts its quantization config, or stores some expert
+ * matrices as NVFP4 and others as float (moe_experts takes gate_up and down stacks of one
+ * kind). sm70__nvfp4_experts_load then loads rank r's share (rows [i0, i0 + ni) of gate
+ * and up, those columns of down: a multiple of 16 elements at both ends) as one host
+ * stack in ModelOpt's layout each (row_scale2: every row its matrix's scale2) and hands
+ * both to the backend's prepare_experts; the host stacks are freed before it returns.
+ * Returns 0 or -errno with err naming the backend, tensor, expert or rank.
+ */
+int sm70__nvfp4_experts(const struct sm70_model *m, const struct sm70_ckpt *ck, const char *p,
+			int n_experts, int inter, int hidden, struct sm70_err *err);
+int sm70__nvfp4_experts_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck,
+			     const char *p, int n_experts, int inter, int i0, int ni, int hidden,
+			     struct sm70_experts *gate_up, struct sm70_experts *down,
+			     struct sm70_err *err);
 /* A norm weight [dim] as f32; the family's zero-centred norms get their 1 added here. */
 int sm70__norm_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, float **out,
 		    const char *name, int dim, struct sm70_err *err);
@@ -277,13 +292,21 @@ void sm70__weight_free(struct sm70_model *m, int r, struct sm70_weight *w);
 uint64_t sm70__mix64(uint64_t z);
 uint64_t sm70__name_seed(const char *name, uint64_t seed);
 
+/* Runs fn(ctx, i0, i1) over the items [0, n), `band` at a time, on up to 32 threads (the
+ * caller among them); on the caller alone when n * cost (cost: work per item, e.g. bytes
+ * made) is below 2^20 or no thread starts. fn runs concurrently on disjoint ranges, so its
+ * results must not depend on which thread does which range. Returns when all are done. */
+void sm70__parallel_for(size_t n, size_t band, size_t cost,
+			void (*fn)(void *ctx, size_t i0, size_t i1), void *ctx);
+
 /*
  * Loads rank r's share of the n_experts experts of the MoE MLP at name prefix p: rows
  * [i0, i0 + ni) of every expert's gate and up (gate_up: [E][2 * ni][hidden], gate first)
  * and those columns of its down (down: [E][hidden][ni]). Reads the fused layout
  * (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I]) when the
  * checkpoint has it, else one tensor per expert (mlp.experts.<e>.{gate,up,down}_proj),
- * one expert at a time. Returns 0 or -errno with err naming the tensor.
+ * one expert at a time; NVFP4 experts (sm70__nvfp4_experts) through
+ * sm70__nvfp4_experts_load. Returns 0 or -errno with err naming the tensor.
  */
 int sm70__load_experts(struct sm70_model *m, int r, const struct sm70_ckpt *ck, const char *p,
 		       int n_experts, int inter, int i0, int ni, int hidden,

@@ -70,20 +70,22 @@ static int check_hash_buffer(const struct sm70_ckpt *ck, const char *name, const
 			     int n, struct sm70_err *err)
 {
 	const struct sm70_st_tensor *t = sm70_ckpt_find(ck, name);
-	const int64_t *v;
+	int64_t v;
 
 	if (!t)
 		return 0;
 	if (t->dtype != SM70_DTYPE_I64 || t->ndim != 1 || t->shape[0] != n)
 		return sm70_errf(err, -EINVAL, "tensor %s in %s must be int64 [%d]", name, t->file,
 				 n);
-	v = t->data;
-	for (int i = 0; i < n; i++)
-		if ((uint64_t)v[i] != want[i])
+	for (int i = 0; i < n; i++) {
+		/* through memcpy: a safetensors tensor starts at any byte offset */
+		memcpy(&v, (const char *)t->data + (size_t)i * sizeof(v), sizeof(v));
+		if ((uint64_t)v != want[i])
 			return sm70_errf(err, -EINVAL, "tensor %s in %s holds %lld at %d, but the "
 					 "config (seed, ngram_size, ngram_vocab_size_base, "
-					 "ple_layer_ids) gives %llu", name, t->file, (long long)v[i],
-					 i, (unsigned long long)want[i]);
+					 "ple_layer_ids) gives %llu", name, t->file, (long long)v, i,
+					 (unsigned long long)want[i]);
+	}
 	return 0;
 }
 

@@ -2,7 +2,7 @@
  * weights.c - weights for the architectures: stacks of checkpoint tensor bands (what a
  * tensor-parallel rank holds) in the backend's dtype, f32 vectors (norms, convolution
  * and gate parameters), and the deterministic dummy weights of --load-format dummy.
- * Matrices stored as NVFP4 go to weights_nvfp4.c.
+ * Matrices and expert stacks stored as NVFP4 go to weights_nvfp4.c.
  *
  * Every value read from a checkpoint is checked to be finite on its way through (in the
  * copy or conversion pass it takes anyway): a NaN or an infinity in the weights makes
@@ -45,6 +45,43 @@ static float dummy_at(uint64_t s, uint64_t i)
 	return (float)((double)(z >> 40) * 0x1p-23 - 1.0);
 }
 
+/* A band of work for sm70__parallel_for's threads: items claimed `band` at a time. */
+struct parallel_job {
+	void (*fn)(void *ctx, size_t i0, size_t i1);
+	void *ctx;
+	size_t n, band;
+	size_t next; /* claimed with __atomic_fetch_add */
+};
+
+static void *parallel_worker(void *arg)
+{
+	struct parallel_job *j = arg;
+	size_t i;
+
+	while ((i = __atomic_fetch_add(&j->next, j->band, __ATOMIC_RELAXED)) < j->n)
+		j->fn(j->ctx, i, i + j->band < j->n ? i + j->band : j->n);
+	return NULL;
+}
+
+void sm70__parallel_for(size_t n, size_t band, size_t cost,
+			void (*fn)(void *ctx, size_t i0, size_t i1), void *ctx)
+{
+	struct parallel_job j = { fn, ctx, n, band ? band : 1, 0 };
+	pthread_t th[32];
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	int started = 0;
+
+	if (cores > 32)
+		cores = 32;
+	if (n * cost >= ((size_t)1 << 20))
+		for (; started < cores - 1; started++)
+			if (pthread_create(&th[started], NULL, parallel_worker, &j))
+				break;
+	parallel_worker(&j); /* the caller works too; alone if threads could not start */
+	for (int i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+}
+
 /*
  * Dummy weights: a [rows, cols] window at (row0, col0) of a tensor with full_cols columns,
  * each value scale * dummy_at(seed, flat index), rounded to bf16 (as a real checkpoint
@@ -57,13 +94,14 @@ struct dummy_job {
 	uint64_t seed;
 	float scale;
 	size_t full_cols, row0, rows, col0, cols;
-	size_t next_row; /* claimed in bands with __atomic_fetch_add */
 };
 
 #define DUMMY_BAND 16
 
-static void dummy_rows(const struct dummy_job *j, size_t r0, size_t r1)
+static void dummy_rows(void *ctx, size_t r0, size_t r1)
 {
+	const struct dummy_job *j = ctx;
+
 	for (size_t r = r0; r < r1; r++) {
 		uint64_t base = (uint64_t)(j->row0 + r) * j->full_cols + j->col0;
 
@@ -81,31 +119,9 @@ static void dummy_rows(const struct dummy_job *j, size_t r0, size_t r1)
 	}
 }
 
-static void *dummy_worker(void *arg)
-{
-	struct dummy_job *j = arg;
-	size_t r;
-
-	while ((r = __atomic_fetch_add(&j->next_row, DUMMY_BAND, __ATOMIC_RELAXED)) < j->rows)
-		dummy_rows(j, r, r + DUMMY_BAND < j->rows ? r + DUMMY_BAND : j->rows);
-	return NULL;
-}
-
 static void dummy_fill(struct dummy_job *j)
 {
-	pthread_t th[32];
-	long n = sysconf(_SC_NPROCESSORS_ONLN);
-	int started = 0;
-
-	if (n > 32)
-		n = 32;
-	if (j->rows * j->cols >= ((size_t)1 << 20))
-		for (; started < n - 1; started++)
-			if (pthread_create(&th[started], NULL, dummy_worker, j))
-				break;
-	dummy_worker(j); /* the caller works too; alone if threads could not start */
-	for (int i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
+	sm70__parallel_for(j->rows, DUMMY_BAND, j->cols, dummy_rows, j);
 }
 
 /* Elements of a copy or conversion pass, checked for non-finite values as they go. */
@@ -513,9 +529,12 @@ int sm70__load_experts(struct sm70_model *m, int r, const struct sm70_ckpt *ck, 
 
 	snprintf(ngu, sizeof(ngu), "%smlp.experts.gate_up_proj", p);
 	snprintf(ndn, sizeof(ndn), "%smlp.experts.down_proj", p);
-	ret = sm70__refuse_nvfp4_experts(m, r, ck, p, hidden, err);
-	if (ret)
+	ret = sm70__nvfp4_experts(m, ck, p, n_experts, inter, hidden, err);
+	if (ret < 0)
 		return ret;
+	if (ret)
+		return sm70__nvfp4_experts_load(m, r, ck, p, n_experts, inter, i0, ni, hidden,
+						gate_up, down, err);
 	fused = !m->opts.dummy && sm70_ckpt_find(ck, ngu);
 	if (fused) {
 		int64_t s_gu[3] = { n_experts, 2 * inter, hidden }, s_dn[3] = { n_experts, hidden,
@@ -591,7 +610,13 @@ out:
 
 void sm70__experts_free(struct sm70_model *m, int r, struct sm70_experts *w)
 {
-	if (w->data)
-		m->rank[r].be->ops->buf_free(m->rank[r].be, w->data);
+	struct sm70_backend *be = m->rank[r].be;
+	void *bufs[] = { w->data, w->scale, w->row_scale2 };
+
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+		if (bufs[i])
+			be->ops->buf_free(be, bufs[i]);
 	w->data = NULL;
+	w->scale = NULL;
+	w->row_scale2 = NULL;
 }

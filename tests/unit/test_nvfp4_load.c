@@ -1,13 +1,18 @@
 /*
  * test_nvfp4_load - NVFP4 checkpoints load and run on the CPU backend: sm70-quantize's
- * ModelOpt and compressed-tensors outputs of the qwen3 and qwen3_5 fixtures give
- * bit-identical logits; the quantized models stay close to the bf16 ones on the fixture
- * cases (teacher-forced on the reference continuations: cosine of the logits at the last
- * prompt position and over every step, top-1 agreement); two tensor-parallel ranks equal
- * one; every malformed field and unsupported declaration is refused with its named
- * error; a backend without prepare_weight and NVFP4 experts without prepare_experts are
- * refused by name; the fused SwiGLU down projection is never given an NVFP4 weight; dummy
- * NVFP4 weights load at 0.5625 bytes a weight, at the scale of the float dummies. Needs the built tools/sm70-quantize (SM70_BUILD, default "build").
+ * ModelOpt and compressed-tensors outputs of the qwen3 and qwen3_5 fixtures and of the
+ * MoE fixtures (per-expert and fused experts) give logits bit-identical to f32
+ * checkpoints of their own dequantised weights, and to each other; the quantized models
+ * stay close to the bf16 ones on the fixture cases (teacher-forced on the reference
+ * continuations: cosine of the logits at the last prompt position and over every step,
+ * top-1 agreement); two tensor-parallel ranks equal one; every malformed field and
+ * unsupported declaration is refused with its named error, for dense matrices and
+ * experts; a backend without prepare_weight or prepare_experts is refused by name; the
+ * fused SwiGLU down projection is never given an NVFP4 weight; dummy NVFP4 weights load
+ * at 0.5625 bytes a weight, at the scale of the float dummies, dummy NVFP4 experts at
+ * their codes, scales and row scales per used expert; the qwen4-exp-nvfp4 bench config
+ * quantizes the experts alone. Needs the built tools/sm70-quantize (SM70_BUILD, default
+ * "build").
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,6 +42,10 @@
 #define QWEN3 "tests/fixtures/qwen3-gqa2-d64-tied"
 #define HYBRID "tests/fixtures/qwen3_5-gqa6-d256-hybrid"
 #define MOE "tests/fixtures/qwen3_moe-e8k2"
+#define FUSED "tests/fixtures/qwen3_5_moe-e16k4-shared"
+#define NEXT "tests/fixtures/qwen3_next-e16k3"
+#define QWEN4 "tests/fixtures/qwen4_exp-hc4-qsa-ple"
+#define BENCH_QWEN4 "tools/bench/qwen4-exp-nvfp4/config.json"
 #define CHUNK 128
 
 /* What a quantized fixture must keep of the bf16 model's predictions (test_close_to_bf16),
@@ -66,11 +75,13 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 	return remove(path);
 }
 
-/* Runs sm70-quantize on fixture into dir in format; fails the test on a non-zero exit. */
-static void quantize(const char *fixture, const char *dir, const char *format)
+/* Runs sm70-quantize on fixture into dir in format (with --exclude exclude unless NULL);
+ * fails the test on a non-zero exit. */
+static void quantize(const char *fixture, const char *dir, const char *format,
+		     const char *exclude)
 {
 	char *argv[] = { tool, "-m", (char *)fixture, "-o", (char *)dir, "--format",
-			 (char *)format, NULL };
+			 (char *)format, exclude ? "--exclude" : NULL, (char *)exclude, NULL };
 	int status, fd;
 	pid_t pid = fork();
 
@@ -92,25 +103,153 @@ static void path_of(char *buf, size_t n, const char *name)
 	snprintf(buf, n, "%s/%s", tmp, name);
 }
 
+/* tmp/name (static: one at a time). */
+static const char *tmp_path(const char *name)
+{
+	static char buf[160];
+
+	snprintf(buf, sizeof(buf), "%s/%s", tmp, name);
+	return buf;
+}
+
+static int64_t config_int(json_t *cfg, const char *key)
+{
+	json_t *v = json_object_get(cfg, key);
+
+	if (!json_is_integer(v))
+		fail_msg("config.json: no integer %s", key);
+	return json_integer_value(v);
+}
+
+/* The tensor `name` of f (failing the test when it is not there). */
+static const struct sm70_st_tensor *tensor_of(const struct sm70_st_file *f, const char *name)
+{
+	const struct sm70_st_tensor *t = sm70_st_find(f, name);
+
+	if (!t)
+		fail_msg("%s: no tensor %s", f->path, name);
+	return t;
+}
+
+/* Expert e's proj weight of layer l into dst, as one block of bytes. */
+static size_t put_expert(uint8_t *dst, const struct sm70_st_file *f, int l, int e,
+			 const char *proj)
+{
+	char name[160];
+	const struct sm70_st_tensor *t;
+
+	snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj);
+	t = tensor_of(f, name);
+	assert_int_equal(t->dtype, SM70_DTYPE_BF16);
+	memcpy(dst, t->data, t->nbytes);
+	return t->nbytes;
+}
+
+/*
+ * dir: the MoE fixture with its per-expert tensors fused as transformers' qwen3_5_moe
+ * stores them, mlp.experts.gate_up_proj [E, 2I, H] (each expert's gate rows, then its up
+ * rows) and mlp.experts.down_proj [E, H, I]; the other tensors and config.json as they
+ * are.
+ */
+static void write_fused(const char *dir, const char *fixture)
+{
+	char path[256], name[160];
+	struct sm70_st_file *f;
+	struct sm70_st_writer *w;
+	struct sm70_err err = { { 0 } };
+	json_t *cfg;
+	json_error_t je;
+	int64_t E, I, H, L;
+
+	snprintf(path, sizeof(path), "%s/config.json", fixture);
+	cfg = json_load_file(path, 0, &je);
+	assert_non_null(cfg);
+	E = config_int(cfg, "num_local_experts");
+	I = config_int(cfg, "moe_intermediate_size");
+	H = config_int(cfg, "hidden_size");
+	L = config_int(cfg, "num_hidden_layers");
+	assert_int_equal(mkdir(dir, 0755), 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", fixture);
+	assert_int_equal(sm70_st_open(&f, path, &err), 0);
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	assert_int_equal(sm70_st_writer_open(&w, path, &err), 0);
+	for (size_t i = 0; i < f->n_tensors; i++)
+		if (!strstr(f->tensors[i].name, ".mlp.experts."))
+			assert_int_equal(sm70_st_writer_add(w, f->tensors[i].name, f->tensors[i].dtype,
+							    f->tensors[i].ndim, f->tensors[i].shape,
+							    &err), 0);
+	for (int l = 0; l < L; l++) {
+		int64_t gu[3] = { E, 2 * I, H }, dn[3] = { E, H, I };
+
+		snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.0.gate_proj.weight", l);
+		if (!sm70_st_find(f, name))
+			continue;
+		snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.gate_up_proj", l);
+		assert_int_equal(sm70_st_writer_add(w, name, SM70_DTYPE_BF16, 3, gu, &err), 0);
+		snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.down_proj", l);
+		assert_int_equal(sm70_st_writer_add(w, name, SM70_DTYPE_BF16, 3, dn, &err), 0);
+	}
+	assert_int_equal(sm70_st_writer_write_header(w, &err), 0);
+	for (size_t i = 0; i < f->n_tensors; i++)
+		if (!strstr(f->tensors[i].name, ".mlp.experts."))
+			assert_int_equal(sm70_st_writer_write(w, f->tensors[i].data,
+							      f->tensors[i].nbytes, &err), 0);
+	for (int l = 0; l < L; l++) {
+		size_t n = (size_t)(E * 2 * I * H) * 2, off = 0;
+		uint8_t *buf;
+
+		snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.0.gate_proj.weight", l);
+		if (!sm70_st_find(f, name))
+			continue;
+		buf = malloc(n);
+		assert_non_null(buf);
+		for (int e = 0; e < E; e++) {
+			off += put_expert(buf + off, f, l, e, "gate_proj");
+			off += put_expert(buf + off, f, l, e, "up_proj");
+		}
+		assert_int_equal(sm70_st_writer_write(w, buf, off, &err), 0);
+		off = 0;
+		for (int e = 0; e < E; e++)
+			off += put_expert(buf + off, f, l, e, "down_proj");
+		assert_int_equal(sm70_st_writer_write(w, buf, off, &err), 0);
+		free(buf);
+	}
+	assert_int_equal(sm70_st_writer_commit(w, &err), 0);
+	sm70_st_close(f);
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	assert_int_equal(json_dump_file(cfg, path, 0), 0);
+	json_decref(cfg);
+}
+
 static int setup(void **state)
 {
 	const char *b = getenv("SM70_BUILD");
+	static const struct {
+		const char *fixture, *name, *exclude;
+	} inputs[] = {
+		{ QWEN3, "qwen3", NULL }, { HYBRID, "hybrid", NULL }, { MOE, "moe", NULL },
+		{ FUSED, "fused", NULL }, { NEXT, "next", NULL }, { QWEN4, "qwen4", NULL },
+		/* qwen3_next-e16k3's down_proj rows (40) are not whole blocks: experts kept */
+		{ NEXT, "nextx", "*.mlp.experts*" },
+	};
 	char d[128];
 
 	snprintf(tool, sizeof(tool), "%s/bin/sm70-quantize", b ? b : "build");
 	snprintf(tmp, sizeof(tmp), "/tmp/sm70-nvfp4-load-XXXXXX");
 	if (!mkdtemp(tmp))
 		return -1;
-	path_of(d, sizeof(d), "qwen3-mo");
-	quantize(QWEN3, d, "modelopt");
-	path_of(d, sizeof(d), "qwen3-ct");
-	quantize(QWEN3, d, "compressed-tensors");
-	path_of(d, sizeof(d), "hybrid-mo");
-	quantize(HYBRID, d, "modelopt");
-	path_of(d, sizeof(d), "hybrid-ct");
-	quantize(HYBRID, d, "compressed-tensors");
-	path_of(d, sizeof(d), "moe-mo");
-	quantize(MOE, d, "modelopt");
+	for (size_t i = 0; i < sizeof(inputs) / sizeof(inputs[0]); i++) {
+		snprintf(d, sizeof(d), "%s/%s-mo", tmp, inputs[i].name);
+		quantize(inputs[i].fixture, d, "modelopt", inputs[i].exclude);
+		snprintf(d, sizeof(d), "%s/%s-ct", tmp, inputs[i].name);
+		quantize(inputs[i].fixture, d, "compressed-tensors", inputs[i].exclude);
+	}
+	/* the qwen3_moe fixture with its experts fused, as qwen3_5_moe stores them: the
+	 * fused layout at an intermediate size that two ranks split into whole blocks */
+	path_of(d, sizeof(d), "moefused-bf16");
+	write_fused(d, MOE);
+	quantize(d, tmp_path("moefused-mo"), "modelopt", NULL);
+	quantize(d, tmp_path("moefused-ct"), "compressed-tensors", NULL);
 	return 0;
 }
 
@@ -376,6 +515,8 @@ static void test_tp2(void **state)
 {
 	tp_equals_one(QWEN3, "qwen3");
 	tp_equals_one(HYBRID, "hybrid");
+	tp_equals_one(MOE, "moe");
+	tp_equals_one(MOE, "moefused");
 }
 
 /* ---- (d) malformed checkpoints ---------------------------------------------------------- */
@@ -388,7 +529,7 @@ struct edit {
 	int drop;
 	int dtype;
 	int ndim;
-	int64_t shape[2];
+	int64_t shape[3];
 	const void *data;
 	long patch_at; /* byte patch_at - 1 becomes patch */
 	uint8_t patch;
@@ -525,23 +666,6 @@ static void expect_refused(const char *dir, int tp, int dummy, int code, const c
 
 /* ---- (a) both layouts decode alike -------------------------------------------------- */
 
-static const struct sm70_st_tensor *tensor_of(const struct sm70_st_file *f, const char *name)
-{
-	const struct sm70_st_tensor *t = sm70_st_find(f, name);
-
-	if (!t)
-		fail_msg("%s: no tensor %s", f->path, name);
-	return t;
-}
-
-static float f32_at(const struct sm70_st_tensor *t)
-{
-	float v;
-
-	memcpy(&v, t->data, sizeof(v));
-	return v;
-}
-
 /* Logits of every case, two checkpoints: equal bits (exact) or the same top-1 with the
  * worst difference printed and bounded. */
 static void compare_runs(const char *a_dir, const char *b_dir, const char *fixture,
@@ -588,9 +712,9 @@ static void formats_identical(const char *fixture, const char *name)
 	char mo[128], ct[128], path[256];
 	struct sm70_st_file *fc, *fm;
 	struct sm70_err err = { { 0 } };
-	struct edit ed[64];
-	float s2[64];
-	int n = 0, moved = 0;
+	struct edit *ed;
+	float **s2;
+	int n = 0, values = 0, moved = 0;
 
 	snprintf(mo, sizeof(mo), "%s/%s-mo", tmp, name);
 	snprintf(ct, sizeof(ct), "%s/%s-ct", tmp, name);
@@ -598,21 +722,30 @@ static void formats_identical(const char *fixture, const char *name)
 	assert_int_equal(sm70_st_open(&fc, path, &err), 0);
 	snprintf(path, sizeof(path), "%s/model.safetensors", mo);
 	assert_int_equal(sm70_st_open(&fm, path, &err), 0);
+	ed = calloc(fc->n_tensors, sizeof(*ed));
+	s2 = calloc(fc->n_tensors, sizeof(*s2));
+	assert_non_null(ed);
+	assert_non_null(s2);
 	for (size_t i = 0; i < fc->n_tensors; i++) {
-		const struct sm70_st_tensor *t = &fc->tensors[i];
+		const struct sm70_st_tensor *t = &fc->tensors[i], *m2;
 		size_t len = strlen(t->name), stem = len - strlen("weight_global_scale");
 		char mod[160], nm[200];
+		const float *g = t->data;
 
 		if (len < strlen("weight_global_scale") || strcmp(t->name + stem,
 								   "weight_global_scale"))
 			continue;
-		assert_true(n < 64 && stem < sizeof(mod));
+		assert_true(stem < sizeof(mod));
 		memcpy(mod, t->name, stem);
 		mod[stem] = '\0';
-		/* the same codes and block scales in both layouts */
+		/* the same codes and block scales in both layouts; a fused expert tensor P
+		 * keeps its codes under P in ModelOpt's, P_weight_packed in the other */
 		snprintf(nm, sizeof(nm), "%sweight_packed", mod);
 		const struct sm70_st_tensor *cc = tensor_of(fc, nm);
-		snprintf(nm, sizeof(nm), "%sweight", mod);
+		if (mod[stem - 1] == '_')
+			snprintf(nm, sizeof(nm), "%.*s", (int)stem - 1, mod);
+		else
+			snprintf(nm, sizeof(nm), "%sweight", mod);
 		const struct sm70_st_tensor *mc = tensor_of(fm, nm);
 		assert_int_equal(cc->nbytes, mc->nbytes);
 		assert_memory_equal(cc->data, mc->data, cc->nbytes);
@@ -620,27 +753,51 @@ static void formats_identical(const char *fixture, const char *name)
 		assert_memory_equal(tensor_of(fc, nm)->data, tensor_of(fm, nm)->data,
 				    tensor_of(fm, nm)->nbytes);
 		snprintf(nm, sizeof(nm), "%sweight_scale_2", mod);
-		s2[n] = 1.0f / f32_at(t);
-		float orig = f32_at(tensor_of(fm, nm));
-		assert_true(s2[n] == orig || nextafterf(orig, s2[n]) == s2[n]);
-		moved += s2[n] != orig;
-		ed[n] = (struct edit){ .name = tensor_of(fm, nm)->name, .data = &s2[n] };
+		m2 = tensor_of(fm, nm);
+		assert_int_equal(m2->nbytes, t->nbytes);
+		s2[n] = malloc(t->nbytes);
+		assert_non_null(s2[n]);
+		/* one value a matrix, or one an expert of a fused tensor */
+		for (size_t v = 0; v < t->nbytes / sizeof(float); v++) {
+			float orig = ((const float *)m2->data)[v];
+
+			s2[n][v] = 1.0f / g[v];
+			assert_true(s2[n][v] == orig || nextafterf(orig, s2[n][v]) == s2[n][v]);
+			moved += s2[n][v] != orig;
+			values++;
+		}
+		ed[n] = (struct edit){ .name = m2->name, .data = s2[n] };
 		n++;
 	}
-	printf("%s: %d NVFP4 matrices, the same codes and block scales in both layouts; 1 / "
-	       "global scale is weight_scale_2 for %d, one f32 step away for %d\n", name, n,
-	       n - moved, moved);
+	printf("%s: %d NVFP4 matrices (a fused tensor's experts one by one), the same codes and "
+	       "block scales in both layouts; 1 / global scale is weight_scale_2 for %d, one f32 "
+	       "step away for %d\n", name, values, values - moved, moved);
 	compare_runs(ct, variant(mo, ed, n, NULL, NULL, NULL), fixture,
 		     "compressed-tensors vs ModelOpt with weight_scale_2 = 1 / global scale", 1);
 	compare_runs(ct, mo, fixture, "compressed-tensors vs ModelOpt as written", 0);
+	for (int i = 0; i < n; i++)
+		free(s2[i]);
+	free(s2);
+	free(ed);
 	sm70_st_close(fm);
 	sm70_st_close(fc);
 }
 
+/* The fixtures and the names of their quantized copies in tmp. */
+struct quantized {
+	const char *fixture, *name;
+};
+
+static const struct quantized all_quantized[] = {
+	{ QWEN3, "qwen3" }, { HYBRID, "hybrid" }, { MOE, "moe" }, { MOE, "moefused" },
+	{ FUSED, "fused" }, { QWEN4, "qwen4" }, { NEXT, "nextx" },
+};
+#define N_QUANTIZED (sizeof(all_quantized) / sizeof(all_quantized[0]))
+
 static void test_formats_identical(void **state)
 {
-	formats_identical(QWEN3, "qwen3");
-	formats_identical(HYBRID, "hybrid");
+	for (size_t i = 0; i < N_QUANTIZED; i++)
+		formats_identical(all_quantized[i].fixture, all_quantized[i].name);
 }
 
 /*
@@ -670,36 +827,41 @@ static void write_dequantized(const char *dir, const char *mo)
 		size_t len = strlen(t->name);
 		char nm[200];
 
-		if (strstr(t->name, ".weight_scale"))
+		if (strstr(t->name, "weight_scale"))
 			continue;
 		if (t->dtype != SM70_DTYPE_U8) {
 			assert_int_equal(sm70_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape,
 							    &err), 0);
 			continue;
 		}
-		int64_t rows = t->shape[0], cols = 2 * t->shape[1], shape[2] = { rows, cols };
-		snprintf(nm, sizeof(nm), "%.*s_scale", (int)len, t->name);
+		/* [N, K / 2] with one scale2, or a fused [E, N, K / 2] with one an expert */
+		int nd = t->ndim;
+		int64_t shape[3] = { t->shape[0], t->shape[1], nd == 3 ? t->shape[2] : 0 };
+		shape[nd - 1] *= 2;
+		int64_t per = shape[nd - 1] * shape[nd - 2], all = per * (nd == 3 ? shape[0] : 1);
+		snprintf(nm, sizeof(nm), "%.*s%s", (int)len, t->name,
+			 nd == 3 ? "_weight_scale" : "_scale");
 		const uint8_t *sc = tensor_of(f, nm)->data, *codes = t->data;
-		snprintf(nm, sizeof(nm), "%.*s_scale_2", (int)len, t->name);
-		float s2 = f32_at(tensor_of(f, nm));
+		snprintf(nm, sizeof(nm), "%.*s%s", (int)len, t->name,
+			 nd == 3 ? "_weight_scale_2" : "_scale_2");
+		const float *s2 = tensor_of(f, nm)->data;
 
-		deq[i] = malloc(sizeof(float) * (size_t)(rows * cols));
+		deq[i] = malloc(sizeof(float) * (size_t)all);
 		assert_non_null(deq[i]);
-		for (int64_t e = 0; e < rows * cols; e++)
+		for (int64_t e = 0; e < all; e++)
 			deq[i][e] = (sm70_e2m1_to_f32((uint8_t)(codes[e / 2] >> (4 * (e & 1)))) *
-				     sm70_e4m3_to_f32(sc[e / 16])) * s2;
-		assert_int_equal(sm70_st_writer_add(w, t->name, SM70_DTYPE_F32, 2, shape, &err), 0);
+				     sm70_e4m3_to_f32(sc[e / 16])) * s2[e / per];
+		assert_int_equal(sm70_st_writer_add(w, t->name, SM70_DTYPE_F32, nd, shape, &err), 0);
 	}
 	assert_int_equal(sm70_st_writer_write_header(w, &err), 0);
 	for (size_t i = 0; i < f->n_tensors; i++) {
 		const struct sm70_st_tensor *t = &f->tensors[i];
 
-		if (strstr(t->name, ".weight_scale"))
+		if (strstr(t->name, "weight_scale"))
 			continue;
 		if (deq[i])
 			assert_int_equal(sm70_st_writer_write(w, deq[i], sizeof(float) * 2 *
-							      (size_t)(t->shape[0] * t->shape[1]),
-							      &err), 0);
+							      t->nbytes, &err), 0);
 		else
 			assert_int_equal(sm70_st_writer_write(w, t->data, t->nbytes, &err), 0);
 		free(deq[i]);
@@ -715,17 +877,15 @@ static void write_dequantized(const char *dir, const char *mo)
 
 static void test_exact_dequant(void **state)
 {
-	static const char *const names[2] = { "qwen3", "hybrid" };
-	static const char *const fixtures[2] = { QWEN3, HYBRID };
-
-	for (int i = 0; i < 2; i++) {
+	for (size_t i = 0; i < N_QUANTIZED; i++) {
+		const struct quantized *q = &all_quantized[i];
 		char mo[128], f32[128];
 
-		snprintf(mo, sizeof(mo), "%s/%s-mo", tmp, names[i]);
-		snprintf(f32, sizeof(f32), "%s/%s-dequant", tmp, names[i]);
+		snprintf(mo, sizeof(mo), "%s/%s-mo", tmp, q->name);
+		snprintf(f32, sizeof(f32), "%s/%s-dequant", tmp, q->name);
 		write_dequantized(f32, mo);
-		printf("%s:\n", names[i]);
-		compare_runs(mo, f32, fixtures[i], "NVFP4 vs its weights dequantised to f32", 1);
+		printf("%s:\n", q->name);
+		compare_runs(mo, f32, q->fixture, "NVFP4 vs its weights dequantised to f32", 1);
 	}
 }
 
@@ -847,6 +1007,139 @@ static void test_malformed_checkpoints(void **state)
 		json_decref(hf);
 	}
 	sm70_st_close(orig);
+}
+
+#define EX0 "model.layers.0.mlp.experts."
+#define FGU EX0 "gate_up_proj"
+#define FDN EX0 "down_proj"
+
+/* scale2 [E] of the fused tensor `name` of the checkpoint dir, value e set to v. */
+static float *scale2s_with(const char *dir, const char *name, int e, float v)
+{
+	char path[256];
+	struct sm70_st_file *f;
+	struct sm70_err err = { { 0 } };
+	const struct sm70_st_tensor *t;
+	float *out;
+
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	assert_int_equal(sm70_st_open(&f, path, &err), 0);
+	t = tensor_of(f, name);
+	out = malloc(t->nbytes);
+	assert_non_null(out);
+	memcpy(out, t->data, t->nbytes);
+	out[e] = v;
+	sm70_st_close(f);
+	return out;
+}
+
+/* Malformed NVFP4 experts, per-expert (qwen3_moe: E 8, I 64, H 128) and fused
+ * (qwen3_5_moe: E 16, I 48, H 96), each refused with its named error. */
+static void test_malformed_experts(void **state)
+{
+	static const float nan_s2 = NAN;
+	float *zero7 = scale2s_with(tmp_path("fused-mo"), FGU "_weight_scale_2", 7, 0.0f);
+	float *inf3 = scale2s_with(tmp_path("fused-ct"), FDN "_weight_global_scale", 3, INFINITY);
+	struct {
+		const char *what, *base;
+		struct edit e;
+		int code;
+		const char *needle;
+	} cases[] = {
+		{ "expert scale_2 NaN", "moe-mo", { .name = EX0 "3.down_proj.weight_scale_2",
+						    .data = &nan_s2 },
+		  -EINVAL, EX0 "3.down_proj.weight_scale_2 in " },
+		{ "expert scale missing", "moe-mo", { .name = EX0 "5.gate_proj.weight_scale",
+						      .drop = 1 },
+		  -ENOENT, "missing tensor " EX0 "5.gate_proj.weight_scale in" },
+		{ "expert codes shape", "moe-mo", { .name = EX0 "1.down_proj.weight", .ndim = ND(2),
+						    .shape = { 128, 16 } },
+		  -EINVAL, "has shape [128, 16]: the packed E2M1 codes of an NVFP4 weight [128, 64] "
+		  "are [128, 32]" },
+		{ "expert E4M3 NaN", "moe-mo", { .name = EX0 "4.up_proj.weight_scale",
+						 .patch_at = AT(1 * 8 + 2), .patch = 0x7f },
+		  -EINVAL, EX0 "4.up_proj.weight_scale in" },
+		{ "ct: expert global scale missing", "moe-ct",
+		  { .name = EX0 "6.up_proj.weight_global_scale", .drop = 1 },
+		  -ENOENT, "missing tensor " EX0 "6.up_proj.weight_global_scale in" },
+		{ "fused scale shape", "fused-mo", { .name = FGU "_weight_scale", .ndim = ND(3),
+						     .shape = { 16, 96, 3 } },
+		  -EINVAL, "has shape [16, 96, 3]: the E4M3 block scales of an NVFP4 expert stack "
+		  "[16, 96, 96] are [16, 96, 6]" },
+		{ "fused codes dtype", "fused-mo", { .name = FDN, .dtype = DT(SM70_DTYPE_BF16),
+						     .ndim = ND(3), .shape = { 16, 96, 12 } },
+		  -EINVAL, "tensor " FDN " in" },
+		{ "fused scale_2 shape", "fused-mo", { .name = FGU "_weight_scale_2", .ndim = ND(1),
+						       .shape = { 1 } },
+		  -EINVAL, "has shape [1]: expected one value an expert ([16])" },
+		{ "fused scale_2 zero", "fused-mo", { .name = FGU "_weight_scale_2", .data = zero7 },
+		  -EINVAL, FGU "_weight_scale_2[7] in" },
+		{ "fused E4M3 NaN", "fused-mo", { .name = FDN "_weight_scale",
+						  .patch_at = AT((2 * 96 + 5) * 3 + 1),
+						  .patch = 0xff },
+		  -EINVAL, "block scale [2][5][1] (expert 2) is an E4M3 NaN (0xff)" },
+		{ "fused scale_2 missing", "fused-mo", { .name = FDN "_weight_scale_2", .drop = 1 },
+		  -ENOENT, "missing tensor " FDN "_weight_scale_2 in" },
+		{ "ct: fused global scale inf", "fused-ct", { .name = FDN "_weight_global_scale",
+							      .data = inf3 },
+		  -EINVAL, FDN "_weight_global_scale[3] in" },
+		{ "ct: fused codes missing", "fused-ct", { .name = FGU "_weight_packed", .drop = 1 },
+		  -ENOENT, "missing tensor " FGU "_weight_packed in" },
+	};
+	struct sm70_st_file *orig;
+	struct sm70_err err = { { 0 } };
+	const struct sm70_st_tensor *extra[2] = { NULL, NULL };
+	const struct edit drop_up[3] = {
+		{ .name = EX0 "2.up_proj.weight", .drop = 1 },
+		{ .name = EX0 "2.up_proj.weight_scale", .drop = 1 },
+		{ .name = EX0 "2.up_proj.weight_scale_2", .drop = 1 },
+	};
+	json_t *cfg;
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char base[128];
+
+		printf("%s:\n", cases[i].what);
+		snprintf(base, sizeof(base), "%s/%s", tmp, cases[i].base);
+		expect_refused(variant(base, &cases[i].e, 1, NULL, NULL, NULL), 1, 0, cases[i].code,
+			       cases[i].needle);
+	}
+	free(zero7);
+	free(inf3);
+
+	printf("one expert's up_proj bf16 among NVFP4 experts:\n");
+	assert_int_equal(sm70_st_open(&orig, MOE "/model.safetensors", &err), 0);
+	extra[0] = sm70_st_find(orig, EX0 "2.up_proj.weight");
+	expect_refused(variant(tmp_path("moe-mo"), drop_up, 3, extra, NULL, NULL), 1, 0, -EINVAL,
+		       "stores " EX0 "0.gate_proj.weight as NVFP4 but " EX0 "2.up_proj.weight as "
+		       "float");
+	sm70_st_close(orig);
+
+	printf("compressed-tensors fused weight_packed beside a float tensor:\n");
+	assert_int_equal(sm70_st_open(&orig, FUSED "/model.safetensors", &err), 0);
+	extra[0] = sm70_st_find(orig, FGU);
+	expect_refused(variant(tmp_path("fused-ct"), NULL, 0, extra, NULL, NULL), 1, 0, -EINVAL,
+		       "holds both " FGU " and " FGU "_weight_packed");
+	sm70_st_close(orig);
+
+	printf("fused experts stored NVFP4, listed as not quantized:\n");
+	cfg = read_json(tmp_path("fused-mo"), "config.json");
+	json_array_append_new(json_object_get(json_object_get(cfg, "quantization_config"),
+					      "ignore"), json_string(FGU));
+	expect_refused(variant(tmp_path("fused-mo"), NULL, 0, NULL, cfg, NULL), 1, 0, -EINVAL,
+		       "lists " FGU " as not quantized");
+	json_decref(cfg);
+
+	printf("qwen3_next-e16k3 as sm70-quantize writes it: gate and up NVFP4, down (rows of "
+	       "40) bf16:\n");
+	expect_refused(tmp_path("next-mo"), 1, 0, -ENOTSUP, "are NVFP4 in gate and up but float "
+		       "in down");
+	expect_refused(tmp_path("next-ct"), 1, 0, -ENOTSUP, "are NVFP4 in gate and up but float "
+		       "in down");
+
+	printf("fused experts at tp 2 (I 48: 24 columns of down a rank):\n");
+	expect_refused(tmp_path("fused-mo"), 2, 0, -EINVAL, FDN ": the tensor-parallel split "
+		       "gives rank 0 columns [0, 24) of 48, which do not align with NVFP4 blocks");
 }
 
 /* Declarations, straight to the parser: what is served, what is refused. */
@@ -998,6 +1291,7 @@ static void test_backend_refusals(void **state)
 		.kv_dtype = SM70_DTYPE_F32,
 	};
 	const struct sm70_backend_ops *cpu_ops;
+	int ret;
 
 	snprintf(mo, sizeof(mo), "%s/qwen3-mo", tmp);
 	snprintf(moe, sizeof(moe), "%s/moe-mo", tmp);
@@ -1015,10 +1309,23 @@ static void test_backend_refusals(void **state)
 	be->ops = cpu_ops;
 	sm70_backend_destroy(be);
 
-	printf("NVFP4 experts (qwen3_moe quantized by sm70-quantize):\n");
-	/* the CPU backend has prepare_experts; the loader does not read NVFP4 experts yet */
-	expect_refused(moe, 1, 0, -ENOTSUP, "the experts of model.layers.0.mlp are NVFP4: sm70 "
-		       "loads NVFP4 dense matrices, not yet NVFP4 experts");
+	printf("NVFP4 experts (qwen3_moe quantized by sm70-quantize) without prepare_experts:\n");
+	assert_int_equal(sm70_backend_cpu_create(&be, 1, &err), 0);
+	cpu_ops = be->ops;
+	no_fp4 = *cpu_ops;
+	no_fp4.prepare_experts = NULL;
+	be->ops = &no_fp4;
+	assert_int_equal(sm70_ckpt_open(&ck, moe, &err), 0);
+	sm70_err_clear(&err);
+	ret = sm70_model_load(&m, ck, be, &mo_opts, &err);
+	if (ret != -ENOTSUP || !strstr(err.msg, "the cpu backend has no NVFP4 experts "
+				       "(prepare_experts), which the experts of "
+				       "model.layers.0.mlp need"))
+		fail_msg("load %s returned %d '%s'", moe, ret, err.msg);
+	printf("  refused: %s\n", err.msg);
+	sm70_ckpt_close(ck);
+	be->ops = cpu_ops;
+	sm70_backend_destroy(be);
 }
 
 /* The fused SwiGLU down projection never sees an NVFP4 weight: with SM70_FUSED=silu and
@@ -1185,6 +1492,182 @@ static void test_dummy(void **state)
 		       "align with NVFP4 blocks of 16 elements");
 }
 
+/* ---- (f) dummy NVFP4 experts ---------------------------------------------------------- */
+
+/* qwen3_moe's config (E 8, k 2, H 128; layers 0 and 2 MoE) with moe_intermediate_size
+ * inter and, when quantized, a ModelOpt quantization_config that keeps lm_head. */
+static const char *dummy_moe_dir(int quantized, int inter)
+{
+	static char dir[160];
+	json_t *cfg = read_json(MOE, "config.json");
+	char path[256];
+
+	snprintf(dir, sizeof(dir), "%s/dummymoe%d", tmp, n_variant++);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	json_object_set_new(cfg, "moe_intermediate_size", json_integer(inter));
+	if (quantized)
+		json_object_set_new(cfg, "quantization_config",
+				    json_loads("{\"quant_method\": \"modelopt\", \"quant_algo\": "
+					       "\"NVFP4\", \"group_size\": 16, \"ignore\": "
+					       "[\"lm_head\"]}", 0, NULL));
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	assert_int_equal(json_dump_file(cfg, path, 0), 0);
+	json_decref(cfg);
+	return dir;
+}
+
+/* The expert bytes one decoded token reads (k experts in each MoE layer), and the logits of
+ * a 24-token prompt into logits [24][vocab]. */
+static size_t one_token_expert_bytes(struct loaded *L, float *logits)
+{
+	int32_t prompt[24];
+	size_t bytes;
+
+	for (int i = 0; i < 24; i++)
+		prompt[i] = (int32_t)((i * 37 + 5) % L->m->cfg.vocab_size);
+	all_logits(L->m, prompt, 1, logits);
+	bytes = sm70_model_expert_bytes(L->m);
+	all_logits(L->m, prompt, 24, logits);
+	return bytes;
+}
+
+static void test_dummy_experts(void **state)
+{
+	const int H = 128, I = 64, E = 8, k = 2, moe_layers = 2, V = 512;
+	/* per expert: codes and block scales of gate_up [2I, H] and down [H, I], and their
+	 * row scales (2I + H f32) */
+	const size_t per = (size_t)2 * I * H * 9 / 16 + (size_t)H * I * 9 / 16 +
+			   (size_t)(2 * I + H) * sizeof(float);
+	struct sm70_err err = { { 0 } };
+	struct loaded q, q2, f;
+	const struct sm70_decoder *d;
+	float *a = malloc(sizeof(float) * 24 * V), *b = malloc(sizeof(float) * 24 * V);
+	size_t bytes, fbytes;
+	double worst = 0, rms;
+
+	assert_non_null(a);
+	assert_non_null(b);
+	if (load(&q, dummy_moe_dir(1, I), 1, 1, &err))
+		fail_msg("dummy NVFP4 MoE load: %s", err.msg);
+	if (load(&f, dummy_moe_dir(0, I), 1, 1, &err))
+		fail_msg("dummy bf16 MoE load: %s", err.msg);
+	d = q.m->rank[0].arch_state;
+	for (int l = 0; l < 3; l += 2) {
+		assert_int_equal(d->layers[l].moe.gate_up.dtype, SM70_DTYPE_NVFP4);
+		assert_int_equal(d->layers[l].moe.down.dtype, SM70_DTYPE_NVFP4);
+		assert_int_equal(d->layers[l].moe.gate_up.n_experts, E);
+	}
+	/* the dummy row scales give the float dummies' scale: rms 1/sqrt(3 H) */
+	rms = nvfp4_rms(&(struct sm70_weight){ .dtype = SM70_DTYPE_NVFP4, .rows = 2 * I,
+					       .cols = H, .data = d->layers[0].moe.gate_up.data,
+					       .scale = d->layers[0].moe.gate_up.scale,
+					       .row_scale2 = d->layers[0].moe.gate_up.row_scale2 });
+	printf("dummy NVFP4 expert 0 gate_up rms %.5f, 1/sqrt(3H) %.5f\n", rms, 1 / sqrt(3.0 * H));
+	assert_true(fabs(rms * sqrt(3.0 * H) - 1) < 0.05);
+	bytes = one_token_expert_bytes(&q, a);
+	fbytes = one_token_expert_bytes(&f, b);
+	printf("one token reads %zu NVFP4 expert bytes = %d layers x %d experts x %zu (codes, "
+	       "block scales, row scales); bf16 dummy: %zu\n", bytes, moe_layers, k, per, fbytes);
+	assert_int_equal(bytes, (size_t)moe_layers * k * per);
+	assert_int_equal(fbytes, (size_t)moe_layers * k * 3 * I * H * 2);
+	unload(&f);
+
+	/* two ranks hold the same dummy bytes as one, in bands */
+	if (load(&q2, dummy_moe_dir(1, I), 2, 1, &err))
+		fail_msg("dummy NVFP4 MoE load (tp 2): %s", err.msg);
+	one_token_expert_bytes(&q2, b);
+	for (int i = 0; i < 24; i++) {
+		assert_int_equal(argmax(a + (size_t)i * V, V), argmax(b + (size_t)i * V, V));
+		for (int v = 0; v < V; v++)
+			worst = fmax(worst, fabs((double)a[(size_t)i * V + v] - b[(size_t)i * V + v]));
+	}
+	printf("dummy NVFP4 experts, tp 2 vs 1 rank: top-1 equal at 24 positions, worst logit "
+	       "difference %.2e (<= 1e-4)\n", worst);
+	assert_true(worst <= 1e-4);
+	unload(&q2);
+	unload(&q);
+	free(a);
+	free(b);
+
+	printf("dummy NVFP4 experts whose down_proj rows (40) are not whole blocks:\n");
+	expect_refused(dummy_moe_dir(1, 40), 1, 1, -ENOTSUP, "are NVFP4 in gate and up but float "
+		       "in down");
+}
+
+/* ---- (g) the qwen4-exp-nvfp4 bench config --------------------------------------------- */
+
+static void assert_float(const struct sm70_weight *w, const char *what, int l)
+{
+	if (w->dtype == SM70_DTYPE_NVFP4)
+		fail_msg("layer %d: %s is NVFP4 under " BENCH_QWEN4 "'s ignore list", l, what);
+}
+
+/* The bench config's quantization_config on the qwen4_exp fixture's shape (the bench shape
+ * is 40 layers of 512 experts): dummy weights quantize the routed and shared experts, and
+ * nothing else; the model runs. */
+static void test_bench_config(void **state)
+{
+	json_t *bench, *cfg = read_json(QWEN4, "config.json");
+	json_error_t je;
+	char dir[160], path[256];
+	struct sm70_err err = { { 0 } };
+	struct loaded L;
+	const struct sm70_decoder *d;
+	float *logits;
+	int n_moe = 0;
+
+	bench = json_load_file(BENCH_QWEN4, 0, &je);
+	if (!bench)
+		fail_msg("%s: %s", BENCH_QWEN4, je.text);
+	json_object_set(cfg, "quantization_config", json_object_get(bench, "quantization_config"));
+	snprintf(dir, sizeof(dir), "%s/bench-qwen4", tmp);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	assert_int_equal(json_dump_file(cfg, path, 0), 0);
+	json_decref(cfg);
+	json_decref(bench);
+	if (load(&L, dir, 1, 1, &err))
+		fail_msg("dummy load of the qwen4 fixture with %s's quantization: %s", BENCH_QWEN4,
+			 err.msg);
+	d = L.m->rank[0].arch_state;
+	assert_float(&d->embed, "embed_tokens", -1);
+	assert_float(&d->lm_head, "lm_head", -1);
+	assert_float(&d->hc_final.mix, "the final mixer", -1);
+	assert_float(&d->hc_final.up, "the final mixer", -1);
+	for (int l = 0; l < d->n_layers; l++) {
+		const struct sm70_layer_weights *w = &d->layers[l];
+
+		assert_float(&w->attn.qkv, "self_attn q/k/v", l);
+		assert_float(&w->attn.o, "self_attn.o_proj", l);
+		assert_float(&w->gdn.in_proj, "linear_attn in_proj", l);
+		assert_float(&w->gdn.out, "linear_attn.out_proj", l);
+		assert_float(&w->moe.router, "the router", l);
+		assert_float(&w->hc_attn.mix, "attn_hyper_connection", l);
+		assert_float(&w->hc_attn.up, "attn_hyper_connection", l);
+		assert_float(&w->hc_mlp.mix, "mlp_hyper_connection", l);
+		assert_float(&w->hc_mlp.up, "mlp_hyper_connection", l);
+		assert_float(&w->ple.key, "ple.key_proj", l);
+		assert_float(&w->ple.value, "ple.value_proj", l);
+		if (!L.m->cfg.layer_moe[l])
+			continue;
+		assert_int_equal(w->moe.gate_up.dtype, SM70_DTYPE_NVFP4);
+		assert_int_equal(w->moe.down.dtype, SM70_DTYPE_NVFP4);
+		assert_int_equal(w->moe.shared.gate_up.dtype, SM70_DTYPE_NVFP4);
+		assert_int_equal(w->moe.shared.down.dtype, SM70_DTYPE_NVFP4);
+		n_moe++;
+	}
+	logits = malloc(sizeof(float) * 24 * (size_t)L.m->cfg.vocab_size);
+	assert_non_null(logits);
+	one_token_expert_bytes(&L, logits);
+	for (size_t i = 0; i < 24 * (size_t)L.m->cfg.vocab_size; i++)
+		assert_true(isfinite(logits[i]));
+	printf("%s's quantization on the qwen4_exp fixture: routed and shared experts NVFP4 in "
+	       "%d of %d layers, every other matrix bf16; 24 positions of finite logits\n",
+	       BENCH_QWEN4, n_moe, d->n_layers);
+	free(logits);
+	unload(&L);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1194,10 +1677,13 @@ int main(void)
 		cmocka_unit_test(test_tp2),
 		cmocka_unit_test(test_malformed_tensors),
 		cmocka_unit_test(test_malformed_checkpoints),
+		cmocka_unit_test(test_malformed_experts),
 		cmocka_unit_test(test_quant_configs),
 		cmocka_unit_test(test_backend_refusals),
 		cmocka_unit_test(test_silu_matmul_guard),
 		cmocka_unit_test(test_dummy),
+		cmocka_unit_test(test_dummy_experts),
+		cmocka_unit_test(test_bench_config),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
