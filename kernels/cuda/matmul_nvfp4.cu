@@ -81,7 +81,12 @@
  * its ramp and tail weigh. Each further row of x adds 32 FFMA/FMUL, 2 FADD, 2 FFMA and 4
  * LDS.128 (T = 2), counted: B2 173 instructions a tile step (~74% of the bytes' rate at
  * full issue), B3 222, B4 263 (~49%): there issue, not memory, bounds it, near the WMMA
- * path's figure; the variants let a run pick the crossover.
+ * path's figure; the variants let a run pick the crossover. The SM's one load pipe: x
+ * costs 4 bytes a weight and row of x over T, and shared memory returns one register a
+ * lane a cycle (LDS.128: 4 cycles a warp, 2 where lanes n and n ^ 2 share addresses, as
+ * here), so a tile step takes 16 (8) of its cycles for x at B1, T = 2, +4 for codes and
+ * ~3 for scales, against 33 of issue (133 over 4 sub-partitions); 32 (16) at T = 1
+ * against 35; 64 (32) at B4, T = 2 against 66: near the edge where lanes do not pair.
  * Alternatives weighed: f16 products converted before the sum (HMUL2 + 2 HADD2.F32 + 2
  * FADD a pair and row of x: 5 against 2 FFMA + 2 shared HADD2.F32, and a rounding);
  * decoding straight to f32 bits (2 integer instructions an element: 64 a step on the
