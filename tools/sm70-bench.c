@@ -2,6 +2,7 @@
  * sm70-bench - the benchmark driver.
  *
  *   sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|moe-nvfp4|all [--iters N] [--device N]
+ *              [--variant N]     (nvfp4: one kernel variant 0-3, default every one)
  *   sm70-bench decode -m MODEL_DIR ...      end-to-end decode (tools/bench/decode.c)
  *   sm70-bench ipc ...                      the transport alone (tools/bench/ipc.c)
  *
@@ -19,10 +20,11 @@
  * of the experts the batch chose, on the grouped path beside the reference path (not
  * part of `all`). `nvfp4` times the matmul op on NVFP4 weights on the GEMV shapes at B1,
  * B8 and B16 against the bytes of the packed codes and scales, beside the f16 matmul op on
- * the same shape in the same run (not part of `all`). `moe-nvfp4` times the routed experts
- * on NVFP4 stacks on the two `moe` shapes at B1, B8 and B16 against the selected experts'
- * NVFP4 bytes (codes, block scales, row scales), beside the f16 stacks on the same routings
- * in the same run (not part of `all`).
+ * the same shape in the same run, one row per kernel variant (--variant N: that one only;
+ * not part of `all`). `moe-nvfp4` times the routed experts on NVFP4 stacks on the two
+ * `moe` shapes at B1, B8 and B16 against the selected experts' NVFP4 bytes (codes, block
+ * scales, row scales), beside the f16 stacks on the same routings in the same run (not
+ * part of `all`).
  *
  * Every row prints the median time of one op, the bytes it must read over that time, and
  * that as a fraction of the read bandwidth (a plain read kernel) and of the D2D copy
@@ -47,7 +49,7 @@ struct ref_bw {
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|moe-nvfp4|all "
-		   "[--iters N] [--device N]\n"
+		   "[--iters N] [--device N] [--variant N]\n"
 		   "       sm70-bench decode -m MODEL_DIR [options]   (decode --help)\n"
 		   "       sm70-bench ipc [options]                   (ipc --help)\n"
 		   "       sm70-bench allreduce [--gpus N] [--json]   (allreduce --help)\n");
@@ -138,11 +140,18 @@ static int run_gemv(int iters, const struct ref_bw *bw)
 
 /*
  * The matmul op on NVFP4 weights (prepare_weight's arrangement) on the Qwen3-8B GEMV
- * shapes at B1, B8 and B16, beside the f16 matmul op on the same shape in the same run.
- * bytes: the packed codes + E4M3 scales (what an NVFP4 call must read; x and y are under
- * 1% of it); the f16 column's own %read counts its W + x + y as the gemv table does.
+ * shapes at B1, B2, B4, B8 and B16, beside the f16 matmul op on the same shape in the same
+ * run: one row per kernel variant (SM70_NVFP4_VARIANT's values, kernels/cuda/
+ * matmul_nvfp4.cu: v0 auto, v1 WMMA, v2 dot with one row tile a block, v3 dot with two;
+ * `variant` >= 0 times that one alone). Past n = 4 every variant runs the WMMA kernel, so
+ * only the first one's row is printed. bytes: the packed codes + E4M3 scales (what an
+ * NVFP4 call must read; x and y are under 1% of it); the f16 column's own %read counts its
+ * W + x + y as the gemv table does.
  */
-static int run_nvfp4(int iters, const struct ref_bw *bw)
+#define NVFP4_VARIANTS 4
+#define NVFP4_DOT_ROWS_MAX 4 /* matmul_nvfp4.cu's FP4_DOT_ROWS_MAX */
+
+static int run_nvfp4(int iters, int variant, const struct ref_bw *bw)
 {
 	static const struct {
 		const char *name;
@@ -152,26 +161,30 @@ static int run_nvfp4(int iters, const struct ref_bw *bw)
 		{ "gate_up", 24576, 4096 }, { "down", 4096, 12288 },
 		{ "lm_head", 151936, 4096 },
 	};
-	static const int ns[] = { 1, 8, 16 };
-	const size_t n_ns = sizeof(ns) / sizeof(ns[0]);
+	static const int ns[] = { 1, 2, 4, 8, 16 };
+	const int n_ns = (int)(sizeof(ns) / sizeof(ns[0]));
+	int variants[NVFP4_VARIANTS], n_var = 0;
 
+	for (int v = 0; v < NVFP4_VARIANTS; v++)
+		if (variant < 0 || v == variant)
+			variants[n_var++] = v;
 	printf("\n== NVFP4 GEMV: y[n, rows] = x[n, cols] W^T, W NVFP4 (codes + E4M3 scales per "
 	       "16), Qwen3-8B shapes, median of %d\n", iters);
-	printf("bytes: packed codes + scales; f16: the matmul op on an f16 W of the same shape "
-	       "(its %%read over W + x + y); speedup: f16 us / nvfp4 us; max rel: the fast "
-	       "kernel vs the reference kernel (f32 y)\n");
+	printf("bytes: packed codes + scales; vN: SM70_NVFP4_VARIANT=N; f16: the matmul op on an "
+	       "f16 W of the same shape (its %%read over W + x + y); speedup: f16 us / nvfp4 us; "
+	       "max rel: the fast kernel vs the reference kernel (f32 y)\n");
 	header("f16 us  f16 %read  speedup  max rel");
 	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
-		struct sm70__bench_nvfp4 r[3];
-		int ret = sm70__bench_nvfp4(shapes[s].rows, shapes[s].cols, ns, (int)n_ns, iters, r);
+		struct sm70__bench_nvfp4 r[NVFP4_VARIANTS * sizeof(ns) / sizeof(ns[0])];
+		int ret = sm70__bench_nvfp4(shapes[s].rows, shapes[s].cols, ns, n_ns, variants,
+					    n_var, iters, r);
 
 		if (ret) {
 			fprintf(stderr, "sm70-bench: nvfp4 %s: error %d\n", shapes[s].name, ret);
 			return ret;
 		}
-		for (size_t k = 0; k < n_ns; k++) {
+		for (int k = 0; k < n_ns; k++) {
 			struct sm70__bench_gemv f;
-			char name[64], extra[128];
 
 			ret = sm70__bench_gemv(shapes[s].rows, shapes[s].cols, ns[k], iters, &f);
 			if (ret) {
@@ -179,12 +192,18 @@ static int run_nvfp4(int iters, const struct ref_bw *bw)
 					shapes[s].name, ret);
 				return ret;
 			}
-			snprintf(name, sizeof(name), "nvfp4 %s %dx%d B%d", shapes[s].name,
-				 shapes[s].rows, shapes[s].cols, ns[k]);
-			snprintf(extra, sizeof(extra), "%6.2f %9.1f%% %7.2fx  %.1e", f.us,
-				 100.0 * f.bytes / f.us * 1e-3 / bw->read, f.us / r[k].us,
-				 r[k].max_rel);
-			row(name, r[k].us, r[k].bytes, bw, extra);
+			for (int v = 0; v < (ns[k] > NVFP4_DOT_ROWS_MAX ? 1 : n_var); v++) {
+				const struct sm70__bench_nvfp4 *o = &r[v * n_ns + k];
+				char name[64], extra[128];
+
+				snprintf(name, sizeof(name), "nvfp4 %s %dx%d B%d v%d",
+					 shapes[s].name, shapes[s].rows, shapes[s].cols, ns[k],
+					 variants[v]);
+				snprintf(extra, sizeof(extra), "%6.2f %9.1f%% %7.2fx  %.1e", f.us,
+					 100.0 * f.bytes / f.us * 1e-3 / bw->read, f.us / o->us,
+					 o->max_rel);
+				row(name, o->us, o->bytes, bw, extra);
+			}
 		}
 	}
 	return 0;
@@ -465,7 +484,7 @@ static int run_moe_nvfp4(int iters, const struct ref_bw *bw)
 int main(int argc, char **argv)
 {
 	const char *what = NULL;
-	int iters = 50, device = 0, ret;
+	int iters = 50, device = 0, variant = -1, ret;
 	char desc[256] = "", msg[512] = "";
 	struct ref_bw bw = { 0, 0 };
 
@@ -478,6 +497,8 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
 			iters = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "--variant") && i + 1 < argc) {
+			variant = atoi(argv[++i]);
 		} else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
 			device = atoi(argv[++i]);
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -526,7 +547,7 @@ int main(int argc, char **argv)
 	if (!ret && !strcmp(what, "moe"))
 		ret = run_moe(iters, &bw);
 	if (!ret && !strcmp(what, "nvfp4"))
-		ret = run_nvfp4(iters, &bw);
+		ret = run_nvfp4(iters, variant, &bw);
 	if (!ret && !strcmp(what, "moe-nvfp4"))
 		ret = run_moe_nvfp4(iters, &bw);
 	sm70__bench_close();

@@ -440,12 +440,14 @@ out:
 	return ret;
 }
 
-extern "C" int sm70__bench_nvfp4(int rows, int cols, const int *ns, int n_ns, int iters,
+extern "C" int sm70__bench_nvfp4(int rows, int cols, const int *ns, int n_ns,
+				 const int *variants, int n_var, int iters,
 				 struct sm70__bench_nvfp4 *out)
 {
 	struct sm70_weight w[64], host = {};
 	struct gemv_ctx g = { 0, w, NULL, NULL, 0 };
 	struct sm70_err err = { { 0 } };
+	const int was_variant = bench.c->nvfp4_variant;
 	int ret, n_max = 0;
 	double wbytes;
 
@@ -468,16 +470,26 @@ extern "C" int sm70__bench_nvfp4(int rows, int cols, const int *ns, int n_ns, in
 	SM70_BENCH_CHECK(cudaMalloc(&g.x, (size_t)n_max * cols * 2));
 	SM70_BENCH_CHECK(cudaMalloc(&g.y, (size_t)n_max * rows * 4));
 	ret = fill_f16(g.x, (size_t)n_max * cols, 7, 1.0f);
-	for (int k = 0; k < n_ns && !ret; k++) {
-		int per = g.ncopies < 8 ? 8 / g.ncopies * g.ncopies : g.ncopies;
+	for (int v = 0; v < n_var && !ret; v++) {
+		bench.c->nvfp4_variant = variants[v];
+		for (int k = 0; k < n_ns && !ret; k++) {
+			struct sm70__bench_nvfp4 *o = &out[v * n_ns + k];
+			int per = g.ncopies < 8 ? 8 / g.ncopies * g.ncopies : g.ncopies;
 
-		g.n = ns[k];
-		out[k].bytes = wbytes;
-		ret = nvfp4_check(&g, rows, &out[k].max_rel);
-		if (!ret)
-			ret = time_median(launch_gemv, &g, per, iters, &out[k].us);
+			g.n = ns[k];
+			/* past the dot kernel's rows every variant runs WMMA: timed once */
+			if (v > 0 && g.n > 4) {
+				*o = out[k];
+				continue;
+			}
+			o->bytes = wbytes;
+			ret = nvfp4_check(&g, rows, &o->max_rel);
+			if (!ret)
+				ret = time_median(launch_gemv, &g, per, iters, &o->us);
+		}
 	}
 out:
+	bench.c->nvfp4_variant = was_variant;
 	if (g.y)
 		cudaFree(g.y);
 	if (g.x)

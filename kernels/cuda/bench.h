@@ -58,10 +58,13 @@ struct sm70__bench_nvfp4 {
 	double max_rel; /* max |fast - reference kernel| / max |reference| over y (f32 out) */
 };
 
-/* y[n, rows] = x[n, cols] W^T with a random NVFP4 W, f16 y, for each n of ns[0..n_ns)
- * (out[i] for ns[i]); the weight is prepared once for all of them. Returns 0 or -errno. */
-int sm70__bench_nvfp4(int rows, int cols, const int *ns, int n_ns, int iters,
-		      struct sm70__bench_nvfp4 *out);
+/* y[n, rows] = x[n, cols] W^T with a random NVFP4 W, f16 y, for each kernel variant of
+ * variants[0..n_var) (SM70_NVFP4_VARIANT's values, kernels/cuda/matmul_nvfp4.cu) and each
+ * n of ns[0..n_ns): out[v * n_ns + i] for variants[v], ns[i] (past n = 4, where every
+ * variant is the WMMA kernel, the first variant's figures); the weight is prepared once
+ * for all of them. Returns 0 or -errno. */
+int sm70__bench_nvfp4(int rows, int cols, const int *ns, int n_ns, const int *variants,
+		      int n_var, int iters, struct sm70__bench_nvfp4 *out);
 
 struct sm70__bench_attn {
 	double us;          /* the backend's attention op, one layer */

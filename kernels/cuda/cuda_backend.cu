@@ -278,6 +278,20 @@ static int wants_reference(const char *name)
 	return 1;
 }
 
+/* SM70_NVFP4_VARIANT (0 .. 3, see matmul_nvfp4.cu), for timing the NVFP4 kernels against
+ * each other; 0 (auto) when unset or out of range. */
+static int nvfp4_variant(void)
+{
+	const char *v = getenv("SM70_NVFP4_VARIANT");
+	int n = v ? atoi(v) : 0;
+
+	if (n < 0 || n > 3)
+		n = 0;
+	if (n)
+		fprintf(stderr, "sm70 cuda: SM70_NVFP4_VARIANT=%d\n", n);
+	return n;
+}
+
 extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 					struct sm70_err *err)
 {
@@ -370,6 +384,7 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	}
 	c->matmul_ref = wants_reference("SM70_MATMUL");
 	c->nvfp4_ref = wants_reference("SM70_NVFP4");
+	c->nvfp4_variant = nvfp4_variant();
 	c->attn_ref = wants_reference("SM70_ATTENTION");
 	c->sample_ref = wants_reference("SM70_SAMPLER");
 	/* without its scratch the sample op runs its reference kernel */

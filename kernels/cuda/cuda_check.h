@@ -63,6 +63,7 @@ struct sm70__cuda {
 	int sticky;               /* first error seen (-EIO), 0 while healthy */
 	int matmul_ref;           /* SM70_MATMUL=reference */
 	int nvfp4_ref;            /* SM70_NVFP4=reference: ModelOpt layout, reference kernel */
+	int nvfp4_variant;        /* SM70_NVFP4_VARIANT: matmul_nvfp4.cu's kernel choice, 0 auto */
 	int attn_ref;             /* SM70_ATTENTION=reference */
 	float *attn_part;         /* split-KV partials, SM70__CUDA_ATTN_PART_BYTES */
 	void *sample_scratch;     /* SM70__CUDA_SAMPLE_SCRATCH_BYTES, zeroed; NULL: reference */

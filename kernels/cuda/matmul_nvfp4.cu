@@ -1,39 +1,112 @@
 /*
  * matmul_nvfp4.cu - the CUDA matmul op on NVFP4 weights (W4A16): y[n, rows] = x[n, cols]
  * W^T, x f16, y f16 or f32, fp32 accumulation; and the backend's prepare_weight, which
- * rearranges ModelOpt's layout for the kernel. Contract: kernels/backend.h (struct
+ * rearranges ModelOpt's layout for the kernels. Contract: kernels/backend.h (struct
  * sm70_weight, matmul, prepare_weight).
  *
- * Numerics. An E2M1 code's bits placed at f16 bits 9-11 (magnitude) and 15 (sign) are
- * the f16 e2m1 * 2^-14, exactly (exponent 0 lands on f16 subnormals the same way). An
- * E4M3 byte's low seven bits at f16 bits 7-13 are e4m3 * 2^-8, exactly; times 2^15 the
- * block scale t = e4m3 * 2^7 (at most 57344). Their product, one HMUL2 per two elements,
- * is e2m1 * e4m3 * 2^-7, exact in f16: an integer of at most 8 bits times 2^-17 or more,
- * at most 21. So the tensor cores (WMMA 16x16x16, f16 in, f32 accumulate: SM70) see W up
- * to the power of two and the per-matrix factor 128 * scale2, applied to each f32 sum
- * (128 * row_scale2[r] on row r when the weight has per-row scales).
- * Nothing here needs FP4/FP8 hardware: bit operations and f16 multiplies only.
- *
- * Arrangement (prepare_weight), for 16-byte coalesced loads in the order the kernel reads:
+ * Arrangement (prepare_weight), for 16-byte coalesced loads in the order both kernels read:
  * rows in tiles of 16, columns in steps of 64. Tile t, step s is 32 lanes' 16 bytes
  * (512 contiguous bytes): lane l holds row 16t + l / 2, columns 64s + 32 (l % 2) .. + 31,
- * as four 32-bit words of 8 elements each, element 2j in nibble j and 2j + 1 in nibble
- * j + 4 (so one shift and mask yields the f16 pair (2j, 2j + 1)). Steps follow each other
- * within a tile, tiles each other: data is [tiles][steps][32][16 bytes]. The scales are
- * [tiles][steps][32] uint16, lane l's two block scales (columns +0..15 in the low byte,
- * +16..31 in the high), one coalesced 64-byte request a warp step: the stream is a ninth
- * of the bytes, and a u16 per step keeps the step loop free of register-indexed arrays.
- * Rows and columns past the matrix are zero codes and zero scales.
+ * as four 32-bit words of 8 columns each. Steps follow each other within a tile, tiles
+ * each other: data is [tiles][steps][32][16 bytes]. The scales are [tiles][steps][32]
+ * uint16, lane l's two block scales (columns +0..15 in the low byte, +16..31 in the high),
+ * one coalesced 64-byte request a warp step: the stream is a ninth of the bytes. Rows and
+ * columns past the matrix are zero codes and zero scales. Within a word, element e's bits
+ * sit where fp4_bit_at says (nvfp4-f's placement): pair p = (2p, 2p + 1)'s magnitudes
+ * rotated by 3p from f16 bits 9-11 / 25-27 and its signs by 7, 8, 6, 9 from bits 15 / 31,
+ * so that fp4_unpack yields the four f16 pairs in 11 integer instructions a word (the
+ * nibble order before it took 15; no placement with one rotation a pair exists, and an
+ * exhaustive search over rotations finds none cheaper than 11).
  *
- * The kernel: a block takes MT row tiles (MT = 2 on matrices tall enough to still give
- * two blocks an SM, else 1); its 8 warps split the column steps, each streams its steps
- * PF ahead in registers, decodes the codes into its own shared stage with the x tile (n
- * rows padded to 16 with zeros), multiplies there, and the block adds the warps' partial
- * tiles at the end, as matmul.cu's tensor-core GEMV does. Each weight byte is read once
- * per launch for all of its rows of x.
+ * Numerics. A code's magnitude bits at f16 bits 9-11 and its sign at 15 are the f16
+ * e2m1 * 2^-14, exactly (exponent 0 lands on f16 subnormals the same way).
+ * - WMMA path: an E4M3 byte's low seven bits at f16 bits 7-13 are e4m3 * 2^-8, exactly;
+ *   times 2^15 the block scale t = e4m3 * 2^7 (at most 57344). Their product, one HMUL2
+ *   per two elements, is e2m1 * e4m3 * 2^-7, exact in f16: an integer of at most 8 bits
+ *   times 2^-17 or more, at most 21. So the tensor cores (WMMA 16x16x16, f16 in, f32
+ *   accumulate: SM70) see W up to the power of two and the per-matrix factor 128 * scale2,
+ *   applied to each f32 sum (128 * row_scale2[r] on row r when the weight has per-row
+ *   scales).
+ * - Dot path: each e2m1 * 2^-14 goes to f32 (HADD2.F32, exact), x to f32 (exact), and
+ *   their product is exact inside the FFMA (2 significant bits times 11). A chain of 8
+ *   columns sums in f32, the two chains of a 16-column block are added, and the block sum
+ *   times the block's scale (a table of e4m3 * 2^14 in f32, exact) enters the lane's f32
+ *   sum in one FFMA; the sums of the lane pair and of the 8 warps are added in f32 in a
+ *   fixed order, then times scale2 (row_scale2[r]). Nothing is rounded to f16 before the
+ *   output: every term x_k w_k is exact (the chain's first product, an FMUL, too) and
+ *   passes through at most D f32 roundings, D = 7 (chain) + 1 (chain pair) + 2 S (the
+ *   lane's FFMAs over its S steps, S = ceil(steps / 8)) + 1 (lane pair) + 7 (warps) + 1
+ *   (scale2) = 17 + 2 S, so |y - x W^T| <= D 2^-24 sum_k |x_k w_k| (at K = 4096: S = 8,
+ *   D = 33, 2.0e-6 of sum |x w|; random rounding makes it
+ *   ~sqrt(D) times smaller in practice), the same form as the WMMA path's f32
+ *   accumulation; an f16 y adds its own rounding, 2^-11 of |y|. No f16 intermediate means
+ *   no underflow either: the smallest nonzero term (0.5 * 2^-9 * 2^-24) is an f32 normal,
+ *   so rows of tiny scales keep their full relative precision.
+ * Nothing here needs FP4/FP8 hardware: bit operations, f16 and f32 arithmetic only.
+ *
+ * Kernels, by batch size (SM70_NVFP4_VARIANT overrides the choice, see below):
+ * - n <= 4: fp4_dot_kernel, no tensor cores. A block takes T row tiles (T = 2 on matrices
+ *   tall enough to still give two blocks an SM, else 1) and its 8 warps split the column
+ *   steps, as below; lane l multiplies its 32 columns of row l / 2 of each tile, T x PF
+ *   lane units (T x PF x 528 bytes a warp, 4.2 KB at B1-B2) loaded ahead in registers.
+ *   x goes to shared memory once a block in f32 (n x cols x 4.5 bytes: a half step is 36
+ *   floats, so the two column halves a warp reads at once sit 4 banks apart), zero past
+ *   cols, staged while the first weight loads are in flight; each x value read serves T
+ *   tiles. It is used where that x fits FP4_DOT_SMEM_MAX (and the device's block limit);
+ *   past it (down_proj 12288 at n >= 3 on an H200, n >= 2 on a V100) WMMA runs.
+ * - n > 4 (and the fallback above): fp4_gemv_kernel (WMMA). A block takes MT row tiles
+ *   (MT = 2 on matrices tall enough to still give two blocks an SM, else 1); its 8 warps
+ *   split the column steps, each streams its steps PF ahead in registers, decodes the
+ *   codes into its own shared stage with the x tile (n rows padded to 16 with zeros),
+ *   multiplies there, and the block adds the warps' partial tiles at the end, as
+ *   matmul.cu's tensor-core GEMV does. Each weight byte is read once per launch for all
+ *   of its rows of x. Unchanged from before but for the 11-instruction decode of the new
+ *   word placement (4 integer instructions a word fewer, the same loads and stages).
+ *
+ * Performance reasoning (dot kernel, H200). Decode is memory-bound when the SM can issue
+ * the work of its share of the bytes: 4.6 TB/s over 132 SMs at ~1.9 GHz is 18 bytes a
+ * cycle an SM, 32 weights at 0.5625 bytes a weight; an SM issues 4 warp instructions a
+ * cycle (1 a sub-partition), its integer pipe half that. One warp step of one tile (1024
+ * weights, 16 rows x 64 columns) costs, counted in the sm_90 SASS at B1, T = 2: 32
+ * HADD2.F32 (one a weight: the exact f16-to-f32 step), 32 FFMA/FMUL, 46 LOP3/SHF (44 the
+ * unpack, 2 the scale index), 2 FADD + 2 FFMA (block sums times scales), 2 LDS (scales)
+ * + 4 LDS.128 (x, 8 a step shared by the T tiles), 1 + 1 LDG and ~10 of addressing and
+ * loop: 132.8 warp instructions (138 at T = 1), 4.1 a weight a lane. A sub-partition
+ * issues them in 133 cycles: 4 x 1024 / 133 = 31 weights a cycle an SM, ~97% of 4.6 TB/s
+ * at 1.9 GHz if issue never stalls; the integer pipe needs ~100 of those cycles. So B1
+ * is just memory-bound, with no margin for stalls: expect ~60-75% of read bandwidth on
+ * the tall shapes (lm_head, gate_up; the HFMA2 kernel of nvfp4-f, at 2.9 instructions a
+ * weight, measured 67-71% on lm_head, so the memory side, not issue, was its limit),
+ * against 40-47% for WMMA, and less on 6144 / 4096-row shapes where a launch is ~3 us and
+ * its ramp and tail weigh. Each further row of x adds 32 FFMA/FMUL, 2 FADD, 2 FFMA and 4
+ * LDS.128 (T = 2), counted: B2 173 instructions a tile step (~74% of the bytes' rate at
+ * full issue), B3 222, B4 263 (~49%): there issue, not memory, bounds it, near the WMMA
+ * path's figure; the variants let a run pick the crossover. The SM's one load pipe: x
+ * costs 4 bytes a weight and row of x over T, and shared memory returns one register a
+ * lane a cycle (LDS.128: 4 cycles a warp, 2 where lanes n and n ^ 2 share addresses, as
+ * here), so a tile step takes 16 (8) of its cycles for x at B1, T = 2, +4 for codes and
+ * ~3 for scales, against 33 of issue (133 over 4 sub-partitions); 32 (16) at T = 1
+ * against 35; 64 (32) at B4, T = 2 against 66: near the edge where lanes do not pair.
+ * Alternatives weighed: f16 products converted before the sum (HMUL2 + 2 HADD2.F32 + 2
+ * FADD a pair and row of x: 5 against 2 FFMA + 2 shared HADD2.F32, and a rounding);
+ * decoding straight to f32 bits (2 integer instructions an element: 64 a step on the
+ * half-rate integer pipe, 128 cycles, more than the 133 of issue saves); x from L1 in f16
+ * (32 more HADD2.F32 a step and row of x, shared by the T tiles only); a byte-to-float2
+ * table in shared memory (16 LDS.64 a step at random banks: shared memory returns one
+ * register a lane a cycle, which would bind at twice the bytes' rate).
+ * Registers: 106-126 (B1-B4), no spills, two blocks (16 warps) an SM: 16 x 4.2 KB = 67 KB
+ * of weight loads in flight an SM, above the ~40 KB that ~4.6 TB/s at ~1.1 us of loaded
+ * latency needs. A V100 (0.9 TB/s, 80 SMs, FP32 and integer pipes 16 lanes wide: ~140
+ * cycles a tile step on its FP32 pipe) needs ~13 weights a cycle an SM and gets ~29:
+ * memory-bound with room to spare.
+ *
+ * Variants (SM70_NVFP4_VARIANT, read at backend creation, for timing the kernels against
+ * each other; 0 when unset): 0 auto (the above), 1 WMMA at every n, 2 the dot kernel with
+ * T = 1 always, 3 the dot kernel with T = 2 always. 2 and 3 change only n <= 4 (and keep
+ * the shared-memory fallback).
  *
  * Other paths:
- * - n > 16: the same kernel over x in slices of 16 rows (W read once a slice).
+ * - n > 16: the kernels over x in slices of 16 rows (W read once a slice).
  * - SM70_NVFP4=reference (the named switch back): prepare_weight uploads ModelOpt's layout
  *   as is, and matmul runs nvfp4_ref_kernel on it, one thread an output, dequantising
  *   each element in f32 as the CPU does. SM70_MATMUL=reference, or an x not 16-byte
@@ -54,11 +127,40 @@
 #define FP4_WARPS 8
 #define FP4_PF 2           /* steps loaded ahead */
 #define FP4_ROWS_MAX 16    /* rows of x a launch takes */
+#define FP4_DOT_ROWS_MAX 4 /* rows of x the dot kernel takes */
+#define FP4_DOT_SMEM_MAX (112 * 1024) /* the most shared memory a dot block asks for: two
+                                        * blocks still fit an H200 SM */
+#define FP4_XH 36          /* staged x floats a half step: 32 columns + 4 (a bank offset) */
+#define FP4_XS (2 * FP4_XH) /* staged x floats a step, per row of x */
+
+/* Pair p's sign rotation in nibble p (its magnitudes rotate by 3p): nvfp4-f's placement. */
+#define FP4_SIGN_ROT 0x9687u
 
 /* Shared memory of one warp: its decoded W tiles and the x tile, FP4_LD halves a row. */
 template <int MT> struct fp4_stage {
 	static constexpr size_t bytes = (size_t)(16 * MT + 16) * FP4_LD * sizeof(__half);
 };
+
+/* Bit b of an arranged word that holds element e (0..7) of its eight: the magnitude's
+ * bits 0-2 (b = 0..2) and the sign (b = 3). */
+static __host__ __device__ __forceinline__ int fp4_bit_at(int e, int b)
+{
+	const int p = e >> 1, h = e & 1;
+
+	if (b < 3)
+		return (9 + 16 * h + 3 * p + b) & 31;
+	return (15 + 16 * h + (int)((FP4_SIGN_ROT >> (4 * p)) & 15)) & 31;
+}
+
+/* Element e's 4-bit E2M1 code in an arranged word. */
+static __host__ __device__ __forceinline__ uint32_t fp4_word_code(uint32_t w, int e)
+{
+	uint32_t code = 0;
+
+	for (int b = 0; b < 4; b++)
+		code |= ((w >> fp4_bit_at(e, b)) & 1u) << b;
+	return code;
+}
 
 static __device__ __forceinline__ __half2 u32_as_half2(uint32_t u)
 {
@@ -82,6 +184,21 @@ static __device__ __forceinline__ uint32_t half2_as_u32(__half2 h)
 	return v.u;
 }
 
+static __device__ __forceinline__ uint32_t rotr(uint32_t w, int r)
+{
+	return __funnelshift_r(w, w, r);
+}
+
+/* The four f16 pairs of an arranged word, e2m1 * 2^-14 each, exactly: v[p] holds
+ * elements 2p (low half) and 2p + 1. Eleven integer instructions. */
+static __device__ __forceinline__ void fp4_unpack(uint32_t w, __half2 v[4])
+{
+	v[0] = u32_as_half2((w & 0x0e000e00u) | (rotr(w, 7) & 0x80008000u));
+	v[1] = u32_as_half2((rotr(w, 3) & 0x0e000e00u) | (rotr(w, 8) & 0x80008000u));
+	v[2] = u32_as_half2(rotr(w, 6) & 0x8e008e00u);
+	v[3] = u32_as_half2(rotr(w, 9) & 0x8e008e00u);
+}
+
 /* A lane's two block scales (low byte: its first 16 columns) as f16 pairs of
  * t = e4m3 * 2^7 each: lo covers words 0-1 of its codes, hi words 2-3. */
 static __device__ __forceinline__ void fp4_scales(uint32_t s16, __half2 *lo, __half2 *hi)
@@ -97,16 +214,14 @@ static __device__ __forceinline__ void fp4_scales(uint32_t s16, __half2 *lo, __h
 /* Eight elements of one arranged word as four f16 pairs, each e2m1 * e4m3 * 2^-7. */
 static __device__ __forceinline__ uint4 fp4_decode8(uint32_t w, __half2 t)
 {
+	__half2 v[4];
 	uint4 r;
 
-	r.x = ((w << 9) & 0x0e000e00u) | ((w << 12) & 0x80008000u);
-	r.y = ((w << 5) & 0x0e000e00u) | ((w << 8) & 0x80008000u);
-	r.z = ((w << 1) & 0x0e000e00u) | ((w << 4) & 0x80008000u);
-	r.w = ((w >> 3) & 0x0e000e00u) | (w & 0x80008000u);
-	r.x = half2_as_u32(__hmul2(u32_as_half2(r.x), t));
-	r.y = half2_as_u32(__hmul2(u32_as_half2(r.y), t));
-	r.z = half2_as_u32(__hmul2(u32_as_half2(r.z), t));
-	r.w = half2_as_u32(__hmul2(u32_as_half2(r.w), t));
+	fp4_unpack(w, v);
+	r.x = half2_as_u32(__hmul2(v[0], t));
+	r.y = half2_as_u32(__hmul2(v[1], t));
+	r.z = half2_as_u32(__hmul2(v[2], t));
+	r.w = half2_as_u32(__hmul2(v[3], t));
 	return r;
 }
 
@@ -245,23 +360,224 @@ static __global__ void __launch_bounds__(FP4_WARPS * 32, MT == 1 ? 2 : 1)
 	}
 }
 
-/* Byte offset of element (r, k)'s code in the arranged layout, its nibble's shift, and
- * the offset of its scale byte (see the file comment). */
+/* ---- the dot kernel (n <= 4) ------------------------------------------------------ */
+
+/* An E4M3 byte's value in f32, exactly. */
+static __device__ __forceinline__ float fp4_e4m3(uint32_t b)
+{
+	const uint32_t se = (b >> 3) & 15, sm = b & 7;
+	const float v = se ? __uint_as_float(((se + 120) << 23) | (sm << 20)) :
+			     (float)sm * 0x1p-9f;
+
+	return (b & 0x80) ? -v : v;
+}
+
+/* Dynamic shared memory of a dot block: the scale table (256 f32), the warps' partial
+ * sums (FP4_WARPS x t tiles x n rows x 16) and n rows of x in f32, FP4_XS floats a step. */
+static size_t fp4_dot_smem(int n, int t, int cols)
+{
+	const size_t nsteps = (size_t)(cols + FP4_KS - 1) / FP4_KS;
+
+	return (256 + (size_t)FP4_WARPS * t * n * 16 + (size_t)n * nsteps * FP4_XS) *
+	       sizeof(float);
+}
+
+/*
+ * NR rows of x, T row tiles a block, PF steps of W loaded ahead (T x PF lane units in
+ * flight). The block's 8 warps split the column steps as the WMMA kernel's do; lane l
+ * multiplies its 32 columns of row l / 2 of each tile. Per 16-column block: each element
+ * decoded to f32 (fp4_unpack, then two HADD2.F32 a pair), multiplied by x in f32 (an exact
+ * product in the FFMA) and summed in f32, 8 columns a chain; the two chains' sum times the
+ * block's scale (tab: e4m3 * 2^14, exact) enters the lane's f32 sum. Then the lane pair's
+ * sums meet by a shuffle and the warps' in shared memory, in a fixed order.
+ */
+template <int NR, int T, int PF>
+static __global__ void __launch_bounds__(FP4_WARPS * 32, 2)
+	fp4_dot_kernel(void *__restrict__ y, int y_f32, const __half *__restrict__ x,
+		       const uint4 *__restrict__ codes, const uint16_t *__restrict__ scales,
+		       int rows, int cols, float scale2, const float *__restrict__ row_scale2)
+{
+	extern __shared__ __align__(16) float fp4_dot_smem_f[];
+	float *tab = fp4_dot_smem_f, *red = tab + 256, *xs = red + FP4_WARPS * T * NR * 16;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = lane & 1;
+	const int n_tiles = (rows + 15) / 16, t0 = blockIdx.x * T;
+	const int nsteps = (cols + FP4_KS - 1) / FP4_KS, xrow = nsteps * FP4_XS;
+	const int s0 = warp * nsteps / FP4_WARPS, s1 = (warp + 1) * nsteps / FP4_WARPS;
+	const uint4 *cp[T];
+	const uint16_t *sp[T];
+	const float *xl[NR];
+	uint4 wr[PF][T];
+	uint32_t sr[PF][T];
+	float acc[T][NR];
+
+#pragma unroll
+	for (int m = 0; m < T; m++) {
+		/* a tile past the end reads the last tile (valid) and is never stored */
+		const int t = t0 + m < n_tiles ? t0 + m : n_tiles - 1;
+
+		cp[m] = codes + (size_t)t * nsteps * 32 + lane;
+		sp[m] = scales + (size_t)t * nsteps * 32 + lane;
+#pragma unroll
+		for (int i = 0; i < NR; i++)
+			acc[m][i] = 0.0f;
+	}
+#pragma unroll
+	for (int i = 0; i < NR; i++)
+		xl[i] = xs + i * xrow + half * FP4_XH;
+
+#define FP4_DOT_ISSUE(d, s)                                                              \
+	do {                                                                             \
+		_Pragma("unroll") for (int m = 0; m < T; m++) {                          \
+			wr[d][m] = __ldg(cp[m] + (size_t)(s) * 32);                      \
+			sr[d][m] = __ldg(sp[m] + (size_t)(s) * 32);                      \
+		}                                                                        \
+	} while (0)
+
+	/* the weight loads go out first; x and the table are staged under their latency */
+#pragma unroll
+	for (int d = 0; d < PF; d++)
+		if (s0 + d < s1)
+			FP4_DOT_ISSUE(d, s0 + d);
+	for (int b = threadIdx.x; b < 256; b += FP4_WARPS * 32)
+		tab[b] = fp4_e4m3((uint32_t)b) * 16384.0f;
+	/* x row i, columns 8c .. 8c + 7 (zeros past cols: the padded columns' codes are zero
+	 * codes, and zero x keeps them out of the sums even against an infinite x) */
+	for (int e = threadIdx.x; e < NR * nsteps * 8; e += FP4_WARPS * 32) {
+		const int i = e / (nsteps * 8), k = 8 * (e - i * nsteps * 8);
+		const uint4 v = k < cols ? __ldg((const uint4 *)(x + (size_t)i * cols + k)) :
+					   make_uint4(0, 0, 0, 0);
+		const float2 a = __half22float2(u32_as_half2(v.x)),
+			     b = __half22float2(u32_as_half2(v.y)),
+			     c = __half22float2(u32_as_half2(v.z)),
+			     d = __half22float2(u32_as_half2(v.w));
+		float4 *dst = (float4 *)(xs + i * xrow + (k / 32) * FP4_XH + k % 32);
+
+		dst[0] = make_float4(a.x, a.y, b.x, b.y);
+		dst[1] = make_float4(c.x, c.y, d.x, d.y);
+	}
+	__syncthreads();
+
+	for (int s = s0; s < s1; s += PF) {
+#pragma unroll
+		for (int d = 0; d < PF; d++) {
+			if (s + d >= s1)
+				break;
+			const int xo = (s + d) * FP4_XS;
+			float sc[T][2];
+
+#pragma unroll
+			for (int m = 0; m < T; m++) {
+				sc[m][0] = tab[sr[d][m] & 0xffu];
+				sc[m][1] = tab[sr[d][m] >> 8];
+			}
+#pragma unroll
+			for (int b = 0; b < 2; b++) {
+				float p[2][T][NR];
+
+#pragma unroll
+				for (int h = 0; h < 2; h++) {
+					const int q = 2 * b + h;
+					float xf[NR][8];
+
+#pragma unroll
+					for (int i = 0; i < NR; i++) {
+						const float4 lo = *(const float4 *)(xl[i] + xo + 8 * q);
+						const float4 hi =
+							*(const float4 *)(xl[i] + xo + 8 * q + 4);
+
+						xf[i][0] = lo.x, xf[i][1] = lo.y;
+						xf[i][2] = lo.z, xf[i][3] = lo.w;
+						xf[i][4] = hi.x, xf[i][5] = hi.y;
+						xf[i][6] = hi.z, xf[i][7] = hi.w;
+					}
+#pragma unroll
+					for (int m = 0; m < T; m++) {
+						const uint32_t wq = q == 0 ? wr[d][m].x :
+								    q == 1 ? wr[d][m].y :
+								    q == 2 ? wr[d][m].z :
+									     wr[d][m].w;
+						__half2 v[4];
+						float wf[8];
+
+						fp4_unpack(wq, v);
+#pragma unroll
+						for (int j = 0; j < 4; j++) {
+							const float2 f = __half22float2(v[j]);
+
+							wf[2 * j] = f.x;
+							wf[2 * j + 1] = f.y;
+						}
+#pragma unroll
+						for (int i = 0; i < NR; i++) {
+							float a = wf[0] * xf[i][0];
+
+#pragma unroll
+							for (int j = 1; j < 8; j++)
+								a = fmaf(wf[j], xf[i][j], a);
+							p[h][m][i] = a;
+						}
+					}
+				}
+#pragma unroll
+				for (int m = 0; m < T; m++)
+#pragma unroll
+					for (int i = 0; i < NR; i++)
+						acc[m][i] = fmaf(p[0][m][i] + p[1][m][i], sc[m][b],
+								 acc[m][i]);
+			}
+			if (s + d + PF < s1)
+				FP4_DOT_ISSUE(d, s + d + PF);
+		}
+	}
+#undef FP4_DOT_ISSUE
+
+	/* the lane pair's halves, then the warps' sums in order; times scale2 */
+#pragma unroll
+	for (int m = 0; m < T; m++) {
+#pragma unroll
+		for (int i = 0; i < NR; i++) {
+			const float v = acc[m][i] + __shfl_xor_sync(0xffffffffu, acc[m][i], 1);
+
+			if (!half)
+				red[((warp * T + m) * NR + i) * 16 + (lane >> 1)] = v;
+		}
+	}
+	__syncthreads();
+	for (int idx = threadIdx.x; idx < T * NR * 16; idx += FP4_WARPS * 32) {
+		const int m = idx / (NR * 16), i = idx / 16 % NR, r = (t0 + m) * 16 + idx % 16;
+		float sum = 0.0f;
+
+		if (r >= rows)
+			continue;
+#pragma unroll
+		for (int v = 0; v < FP4_WARPS; v++)
+			sum += red[v * T * NR * 16 + idx];
+		sum *= row_scale2 ? row_scale2[r] : scale2;
+		if (y_f32)
+			((float *)y)[(size_t)i * rows + r] = sum;
+		else
+			((__half *)y)[(size_t)i * rows + r] = __float2half_rn(sum);
+	}
+}
+
+/* ---- the reference kernel --------------------------------------------------------- */
+
+/* Element (r, k)'s arranged word (a uint32 index), its place e in the word, and the offset
+ * of its scale byte (see the file comment). */
 static __host__ __device__ __forceinline__ void fp4_arranged_at(int r, int k, int nsteps,
-								 size_t *code, int *shift,
+								 size_t *word, int *e,
 								 size_t *scale)
 {
-	const int lane = (r % 16) * 2 + (k % 64) / 32, e = k % 32;
+	const int lane = (r % 16) * 2 + (k % 64) / 32, col = k % 32;
 	const size_t unit = ((size_t)(r / 16) * nsteps + k / 64) * 32 + lane;
-	const int j8 = e % 8, nib = j8 / 2 + 4 * (j8 & 1);
 
-	*code = unit * 16 + (size_t)(e / 8) * 4 + nib / 2;
-	*shift = 4 * (nib & 1);
-	*scale = unit * 2 + e / 16;
+	*word = unit * 4 + (size_t)(col / 8);
+	*e = col % 8;
+	*scale = unit * 2 + col / 16;
 }
 
 /* The element (e2m1 * e4m3) * scale2 in f32, as the CPU twin rounds it. */
-static __device__ __forceinline__ float fp4_element(uint8_t code, uint8_t sc, float scale2)
+static __device__ __forceinline__ float fp4_element(uint32_t code, uint8_t sc, float scale2)
 {
 	const uint32_t e = (code >> 1) & 3, m = code & 1;
 	const float mag = e ? ldexpf(1.0f + 0.5f * (float)m, (int)e - 1) : 0.5f * (float)m;
@@ -291,18 +607,17 @@ static __global__ void nvfp4_ref_kernel(void *__restrict__ y, int y_f32,
 	if (row_scale2)
 		scale2 = row_scale2[r];
 	for (int k = 0; k < cols; k++) {
-		size_t co, so;
-		int shift;
-		uint8_t code;
+		size_t wi, so;
+		uint32_t code;
+		int e;
 
 		if (arranged) {
-			fp4_arranged_at(r, k, nsteps, &co, &shift, &so);
+			fp4_arranged_at(r, k, nsteps, &wi, &e, &so);
+			code = fp4_word_code(((const uint32_t *)codes)[wi], e);
 		} else {
-			co = (size_t)r * (cols / 2) + k / 2;
-			shift = 4 * (k & 1);
 			so = (size_t)r * (cols / 16) + k / 16;
+			code = (codes[(size_t)r * (cols / 2) + k / 2] >> (4 * (k & 1))) & 15;
 		}
-		code = (uint8_t)((codes[co] >> shift) & 15);
 		s += __half2float(xr[k]) * fp4_element(code, scales[so], scale2);
 	}
 	if (y_f32)
@@ -310,6 +625,8 @@ static __global__ void nvfp4_ref_kernel(void *__restrict__ y, int y_f32,
 	else
 		((__half *)y)[(size_t)i * rows + r] = __float2half_rn(s);
 }
+
+/* ---- launchers -------------------------------------------------------------------- */
 
 template <int MT, int NI>
 static void fp4_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
@@ -333,9 +650,10 @@ static void fp4_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x
 		n, 128.0f * w->scale2, w->row_scale2);
 }
 
-/* Two row tiles a block (half the x re-reads) when that still gives two blocks an SM. */
-static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
-			 const struct sm70_weight *w, int n)
+/* The WMMA kernel: two row tiles a block (half the x re-reads) when that still gives two
+ * blocks an SM. */
+static void fp4_wmma_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
+			      const struct sm70_weight *w, int n)
 {
 	const int mt2 = (w->rows + 31) / 32 >= 2 * c->n_sm;
 
@@ -349,6 +667,63 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 	case 7: fp4_launch<2, 3>(c, y, y_f32, x, w, n); break;
 	case 8: fp4_launch<2, 4>(c, y, y_f32, x, w, n); break;
 	}
+}
+
+/* The dot kernel on n rows of x, T tiles a block. Its shared memory grows with cols: past
+ * 48 KB its limit goes, once per device, to the most a block may have. */
+template <int NR, int T, int PF>
+static void fp4_dot_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
+			   const struct sm70_weight *w)
+{
+	static uint64_t attr_set; /* a bit per device */
+	const size_t smem = fp4_dot_smem(NR, T, w->cols);
+	const uint64_t bit = 1ull << (c->device & 63);
+	const int n_tiles = (w->rows + 15) / 16;
+
+	if (smem > 48 * 1024 && !(attr_set & bit)) {
+		if (SM70_CUDA_CHECK(&c->be,
+				    cudaFuncSetAttribute(fp4_dot_kernel<NR, T, PF>,
+							 cudaFuncAttributeMaxDynamicSharedMemorySize,
+							 (int)c->smem_optin)))
+			return;
+		attr_set |= bit;
+	}
+	fp4_dot_kernel<NR, T, PF><<<(n_tiles + T - 1) / T, FP4_WARPS * 32, smem, c->stream>>>(
+		y, y_f32, x, (const uint4 *)w->data, (const uint16_t *)w->scale, w->rows, w->cols,
+		w->scale2, w->row_scale2);
+}
+
+/* Tile-steps in flight a warp: 8 at one or two rows of x, 4 at three or four (their
+ * registers). */
+template <int T>
+static void fp4_dot_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
+			     const struct sm70_weight *w, int n)
+{
+	switch (n) {
+	case 1: fp4_dot_launch<1, T, 8 / T>(c, y, y_f32, x, w); break;
+	case 2: fp4_dot_launch<2, T, 8 / T>(c, y, y_f32, x, w); break;
+	case 3: fp4_dot_launch<3, T, 4 / T>(c, y, y_f32, x, w); break;
+	case 4: fp4_dot_launch<4, T, 4 / T>(c, y, y_f32, x, w); break;
+	}
+}
+
+/* One launch for n <= FP4_ROWS_MAX rows of x, by SM70_NVFP4_VARIANT (the file comment):
+ * the dot kernel at n <= 4 where its x fits its shared memory, else WMMA. */
+static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
+			 const struct sm70_weight *w, int n)
+{
+	const int v = c->nvfp4_variant;
+	const size_t most = c->smem_optin < FP4_DOT_SMEM_MAX ? c->smem_optin : FP4_DOT_SMEM_MAX;
+	const int t2 = v == 3 || (v != 2 && (w->rows + 31) / 32 >= 2 * c->n_sm);
+
+	if (n > FP4_DOT_ROWS_MAX || v == 1 || fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {
+		fp4_wmma_dispatch(c, y, y_f32, x, w, n);
+		return;
+	}
+	if (t2)
+		fp4_dot_dispatch<2>(c, y, y_f32, x, w, n);
+	else
+		fp4_dot_dispatch<1>(c, y, y_f32, x, w, n);
 }
 
 /* Called by sm70__cuda_matmul for NVFP4 weights (w from this backend's prepare_weight). */
@@ -372,7 +747,7 @@ extern "C" void sm70__cuda_matmul_nvfp4(struct sm70_backend *be, void *y, int y_
 
 		fp4_dispatch(c, (char *)y + (size_t)i0 * w->rows * ysz, y_f32,
 			     xh + (size_t)i0 * w->cols, w, m);
-		if (SM70_CUDA_LAUNCHED(be, "fp4_gemv_kernel"))
+		if (SM70_CUDA_LAUNCHED(be, "fp4 matmul kernel"))
 			return;
 	}
 }
@@ -381,21 +756,29 @@ extern "C" void sm70__cuda_matmul_nvfp4(struct sm70_backend *be, void *y, int y_
 
 /* ModelOpt's [rows][cols / 2] codes and [rows][cols / 16] scales into the arrangement
  * (host buffers of the arranged sizes, zeroed by the caller). */
-static void fp4_arrange(uint8_t *codes, uint8_t *scales, const struct sm70_weight *src)
+static void fp4_arrange(uint32_t *words, uint8_t *scales, const struct sm70_weight *src)
 {
 	const int rows = src->rows, cols = src->cols, nsteps = (cols + FP4_KS - 1) / FP4_KS;
 	const uint8_t *sc = (const uint8_t *)src->data, *ss = (const uint8_t *)src->scale;
+	uint32_t place[8][16]; /* element e's code as its bits in the word */
 
+	for (int e = 0; e < 8; e++) {
+		for (int code = 0; code < 16; code++) {
+			place[e][code] = 0;
+			for (int b = 0; b < 4; b++)
+				place[e][code] |= (uint32_t)((code >> b) & 1) << fp4_bit_at(e, b);
+		}
+	}
 	for (int r = 0; r < rows; r++) {
 		const uint8_t *row = sc + (size_t)r * (cols / 2);
 
 		for (int k = 0; k < cols; k++) {
 			const uint8_t code = (uint8_t)((row[k / 2] >> (4 * (k & 1))) & 15);
-			size_t co, so;
-			int shift;
+			size_t wi, so;
+			int e;
 
-			fp4_arranged_at(r, k, nsteps, &co, &shift, &so);
-			codes[co] |= (uint8_t)(code << shift);
+			fp4_arranged_at(r, k, nsteps, &wi, &e, &so);
+			words[wi] |= place[e][code];
 			if (k % 16 == 0)
 				scales[so] = ss[(size_t)r * (cols / 16) + k / 16];
 		}
@@ -442,7 +825,7 @@ extern "C" int sm70__cuda_prepare_weight(struct sm70_backend *be, struct sm70_we
 			ret = -ENOMEM;
 			goto out;
 		}
-		fp4_arrange(codes, scales, src);
+		fp4_arrange((uint32_t *)codes, scales, src);
 	}
 	ret = fp4_upload(be, &w_out->data, codes, n_codes);
 	if (!ret)

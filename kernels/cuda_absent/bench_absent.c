@@ -33,8 +33,8 @@ int sm70__bench_gemv(int rows, int cols, int n, int iters, struct sm70__bench_ge
 	return -ENODEV;
 }
 
-int sm70__bench_nvfp4(int rows, int cols, const int *ns, int n_ns, int iters,
-		      struct sm70__bench_nvfp4 *out)
+int sm70__bench_nvfp4(int rows, int cols, const int *ns, int n_ns, const int *variants,
+		      int n_var, int iters, struct sm70__bench_nvfp4 *out)
 {
 	return -ENODEV;
 }

@@ -1,9 +1,12 @@
 /* test_cuda_nvfp4 - the CUDA matmul op on NVFP4 weights (kernels/cuda/matmul_nvfp4.cu)
- * against its CPU twin on the same ModelOpt bytes: random and odd shapes, n = 1..16 and
- * past 16, f16 and f32 outputs, a 448 / zero / subnormal-scale row each checked on its
- * own; the reference paths (SM70_NVFP4=reference on ModelOpt's layout, SM70_MATMUL=
- * reference and an unaligned x on the arranged one); a captured graph replayed over new x;
- * prepare_weight's refusal of cols not a multiple of 16. */
+ * against its CPU twin on the same ModelOpt bytes, on a backend for every kernel variant
+ * (SM70_NVFP4_VARIANT 0-3: auto, WMMA, the dot kernel with one or two row tiles a block):
+ * random and odd shapes, n = 1..16 and past 16, the dot kernel's n = 1..4 on every shape,
+ * f16 and f32 outputs, a 448 / zero / subnormal-scale row each checked on its own,
+ * row_scale2 rows 2^10 apart; the reference paths (SM70_NVFP4=reference on ModelOpt's
+ * layout, SM70_MATMUL=reference and an unaligned x on the arranged one); a captured graph
+ * replayed over new x on the WMMA and dot kernels; prepare_weight's refusal of cols not a
+ * multiple of 16. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -24,17 +27,32 @@
 
 /*
  * Errors are max |got - ref| over max |ref| ("rel"). Both backends see the same f16 x
- * and the same W: the CPU's elements are correctly rounded f32, the GPU's are exact
- * (e2m1 * e4m3 in f16, 128 * scale2 on the f32 sum), so an f32 output differs only by the
- * f32 summation order and that one product: K = 4096 terms of |x w| summed in two orders
- * stay within a few 1e-6 of max |y| (the sums here are at most ~30 times max |y|).
- * An f16 output adds its rounding, at most 2^-11 of a value's magnitude: <= 4.9e-4 of
- * max |y|.
+ * and the same W: the CPU's elements are correctly rounded f32, the GPU's are exact, so
+ * an f32 output differs only by the f32 summation order and that one product. WMMA:
+ * e2m1 * e4m3 in f16, the tensor cores' f32 sums, 128 * scale2 on the f32 sum. The dot
+ * kernel (n <= 4): every product x * e2m1 * 2^-14 exact in an FFMA, every sum f32, the
+ * block scale and scale2 applied to f32 sums, so each term passes at most 17 + 2 S f32
+ * roundings (S = ceil(64-column steps / 8); 33 at K = 4096): |err| <= 33 * 2^-24 * sum
+ * |x w| = 2.0e-6 of it at worst, the same form as the WMMA path's and smaller than the
+ * CPU's own serial sum's (K roundings). K = 4096 terms of |x w| summed in two orders stay
+ * within a few 1e-6 of max |y| (the sums here are at most ~30 times max |y|). No path
+ * rounds to f16 before the output, so the same bound holds on rows of tiny scales (2^-9,
+ * compared on their own scale). An f16 output adds its rounding, at most 2^-11 of a
+ * value's magnitude: <= 4.9e-4 of max |y|.
  */
 #define TOL_F32 2e-5
 #define TOL_F16 6e-4
 
+#define N_VARIANTS 4 /* SM70_NVFP4_VARIANT 0..3 (matmul_nvfp4.cu) */
+
 static struct sm70_backend *gpu, *gpu_ref, *cpu, *gpu_fp4ref;
+/* gpu_var[v]: SM70_NVFP4_VARIANT=v for v >= 1 (variant 0 is gpu: var_be) */
+static struct sm70_backend *gpu_var[N_VARIANTS];
+
+static struct sm70_backend *var_be(int v)
+{
+	return v ? gpu_var[v] : gpu;
+}
 
 /* ---- the matrices -------------------------------------------------------------------- */
 
@@ -90,6 +108,8 @@ static void release(struct sm70_backend *be, struct sm70_weight *w)
 {
 	bfree(be, w->data);
 	bfree(be, w->scale);
+	if (w->row_scale2)
+		bfree(be, w->row_scale2);
 }
 
 /* ---- one comparison ------------------------------------------------------------------ */
@@ -164,30 +184,123 @@ static void compare_case(struct sm70_backend *be, const char *path, const struct
 
 /* ---- tests ------------------------------------------------------------------------- */
 
-/* The fast kernel on odd and model shapes (a tall one takes the two-tile blocks), every n
- * up to 16 on one shape, and past 16 (slices of 16 rows). */
+static const int shapes[][2] = { { 1, 16 },     { 7, 48 },      { 33, 80 },
+				 { 129, 1040 }, { 1000, 4096 }, { 9001, 256 } };
+
+/* The fast kernels on odd and model shapes (a tall one takes the two-tile blocks), every n
+ * up to 16 on one shape, and past 16 (slices of 16 rows): every case on every variant. */
 static void test_fast_path(void **state)
 {
-	static const int shapes[][2] = { { 1, 16 },     { 7, 48 },      { 33, 80 },
-					 { 129, 1040 }, { 1000, 4096 }, { 9001, 256 } };
 	static const int ns[] = { 1, 3, 8, 16, 17, 40 };
 
-	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
-		struct fp4_host h;
+	for (int v = 0; v < N_VARIANTS; v++) {
+		char path[32];
 
-		fp4_host_new(&h, shapes[s][0], shapes[s][1]);
-		for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++)
-			compare_case(gpu, "fast", &h, ns[k], (int)(k & 1), 0);
-		fp4_host_free(&h);
-	}
-	{
-		struct fp4_host h;
+		snprintf(path, sizeof(path), "fast v%d", v);
+		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+			struct fp4_host h;
 
-		fp4_host_new(&h, 77, 208);
-		for (int n = 1; n <= 16; n++)
-			compare_case(gpu, "fast", &h, n, n % 2, 0);
-		fp4_host_free(&h);
+			fp4_host_new(&h, shapes[s][0], shapes[s][1]);
+			for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++)
+				compare_case(var_be(v), path, &h, ns[k], (int)(k & 1), 0);
+			fp4_host_free(&h);
+		}
+		{
+			struct fp4_host h;
+
+			fp4_host_new(&h, 77, 208);
+			for (int n = 1; n <= 16; n++)
+				compare_case(var_be(v), path, &h, n, n % 2, 0);
+			fp4_host_free(&h);
+		}
 	}
+}
+
+/* The dot kernel's batch sizes, n = 1..4, on every shape with both outputs (the 448,
+ * zero and 2^-9 rows among them), on every variant (1: WMMA at those n). */
+static void test_dot_rows(void **state)
+{
+	for (int v = 0; v < N_VARIANTS; v++) {
+		char path[32];
+
+		snprintf(path, sizeof(path), "n<=4 v%d", v);
+		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+			struct fp4_host h;
+
+			fp4_host_new(&h, shapes[s][0], shapes[s][1]);
+			for (int n = 1; n <= 4; n++)
+				for (int y_f32 = 0; y_f32 < 2; y_f32++)
+					compare_case(var_be(v), path, &h, n, y_f32, 0);
+			fp4_host_free(&h);
+		}
+	}
+}
+
+/* row_scale2: rows whose scale2 lie 2^10 apart (as gate_up stacked from two parts, and
+ * more), each part compared with the CPU on its own scale, on every variant, on the dot
+ * kernel (n <= 4) and WMMA (n = 8). */
+static void test_row_scale2(void **state)
+{
+	static const int ns[] = { 1, 2, 4, 8 };
+	const int rows = 300, cols = 1040;
+	struct fp4_host h;
+	float *rs = malloc((size_t)rows * sizeof(float));
+
+	assert_non_null(rs);
+	fp4_host_new(&h, rows, cols);
+	for (int r = 0; r < rows; r++)
+		rs[r] = h.w.scale2 * (r % 3 == 0 ? 1.0f : r % 3 == 1 ? 1024.0f : 1.0f / 1024.0f);
+	h.w.row_scale2 = rs;
+	for (int v = 0; v < N_VARIANTS; v++) {
+		char path[32];
+
+		snprintf(path, sizeof(path), "row_scale2 v%d", v);
+		for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
+			const int n = ns[k];
+			const size_t ny = (size_t)n * rows;
+			float *x = rvec16((size_t)n * cols, 1.0f), *got = fvec(ny), *ref = fvec(ny);
+			float *rg = fvec((size_t)n), *rr = fvec((size_t)n);
+			struct sm70_weight wg = prepare(var_be(v), &h), wc = prepare(cpu, &h);
+			char what[128];
+
+			run(var_be(v), &wg, x, n, 1, 0, got);
+			run(cpu, &wc, x, n, 1, 0, ref);
+			/* each part on its own scale: the small rows would hide in max |y| */
+			for (int part = 0; part < 3; part++) {
+				double md = 0.0, mr = 0.0;
+
+				for (int r = 3 + part; r < rows; r += 3) {
+					gather_row(rg, got, n, rows, r);
+					gather_row(rr, ref, n, rows, r);
+					for (int i = 0; i < n; i++) {
+						const double d = isnan(rg[i]) ? INFINITY :
+								 fabs((double)rg[i] - rr[i]);
+
+						md = d > md ? d : md;
+						mr = fabs(rr[i]) > mr ? fabs(rr[i]) : mr;
+					}
+				}
+				printf("  %s n %d: scale2 x %-6s rows: rel %.2e\n", path, n,
+				       part == 0 ? "1" : part == 1 ? "1024" : "1/1024",
+				       mr > 0 ? md / mr : md);
+				if (!(md <= TOL_F32 * mr))
+					fail_msg("%s n %d: part %d rel %.2e > %.1e", path, n, part,
+						 mr > 0 ? md / mr : md, TOL_F32);
+			}
+			snprintf(what, sizeof(what), "%s [%d x %d] n %d f32", path, rows, cols, n);
+			compare_values(what, got, ref, ny, TOL_F32);
+			release(cpu, &wc);
+			release(var_be(v), &wg);
+			free(rr);
+			free(rg);
+			free(ref);
+			free(got);
+			free(x);
+		}
+	}
+	h.w.row_scale2 = NULL;
+	free(rs);
+	fp4_host_free(&h);
 }
 
 /* SM70_NVFP4=reference keeps ModelOpt's bytes on the device and matches the CPU; the
@@ -216,10 +329,11 @@ static void test_reference_paths(void **state)
 	fp4_host_free(&h);
 }
 
-/* A captured matmul replayed over new x equals eager runs bit for bit. */
-static void test_graph_replay(void **state)
+/* A captured matmul replayed over new x equals eager runs bit for bit: n = 6 (WMMA), and
+ * n = 1 and 3 (the dot kernel, auto and with two tiles a block). */
+static void graph_replay(struct sm70_backend *be, int n)
 {
-	const int rows = 300, cols = 512, n = 6;
+	const int rows = 300, cols = 512;
 	const size_t nx = (size_t)n * cols, ny = (size_t)n * rows;
 	struct fp4_host h;
 	struct sm70_weight w;
@@ -227,31 +341,38 @@ static void test_graph_replay(void **state)
 	float *x, *eager = fvec(ny), *replay = fvec(ny);
 
 	fp4_host_new(&h, rows, cols);
-	w = prepare(gpu, &h);
-	bx = balloc(gpu, nx * 2);
-	by = balloc(gpu, ny * 2);
-	assert_int_equal(gpu->ops->sync(gpu), 0);
-	assert_int_equal(gpu->ops->graph_begin(gpu), 0);
-	gpu->ops->matmul(gpu, by, 0, bx, &w, n);
-	assert_int_equal(gpu->ops->graph_end(gpu, &graph), 0);
+	w = prepare(be, &h);
+	bx = balloc(be, nx * 2);
+	by = balloc(be, ny * 2);
+	assert_int_equal(be->ops->sync(be), 0);
+	assert_int_equal(be->ops->graph_begin(be), 0);
+	be->ops->matmul(be, by, 0, bx, &w, n);
+	assert_int_equal(be->ops->graph_end(be, &graph), 0);
 	for (int round = 0; round < 3; round++) {
 		x = rvec16(nx, 1.0f);
-		set_act(gpu, bx, x, nx);
-		assert_int_equal(gpu->ops->graph_launch(gpu, graph), 0);
-		get_act(gpu, replay, by, ny);
-		gpu->ops->matmul(gpu, by, 0, bx, &w, n);
-		get_act(gpu, eager, by, ny);
+		set_act(be, bx, x, nx);
+		assert_int_equal(be->ops->graph_launch(be, graph), 0);
+		get_act(be, replay, by, ny);
+		be->ops->matmul(be, by, 0, bx, &w, n);
+		get_act(be, eager, by, ny);
 		assert_memory_equal(replay, eager, ny * sizeof(float));
 		free(x);
 	}
 	printf("  graph replay == eager, bitwise, over 3 new x of [%d x %d]\n", n, cols);
-	gpu->ops->graph_destroy(gpu, graph);
-	bfree(gpu, by);
-	bfree(gpu, bx);
-	release(gpu, &w);
+	be->ops->graph_destroy(be, graph);
+	bfree(be, by);
+	bfree(be, bx);
+	release(be, &w);
 	fp4_host_free(&h);
 	free(replay);
 	free(eager);
+}
+
+static void test_graph_replay(void **state)
+{
+	graph_replay(gpu, 6);
+	graph_replay(gpu, 1);
+	graph_replay(gpu_var[3], 3);
 }
 
 static void test_refusal(void **state)
@@ -274,6 +395,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_fast_path),
+		cmocka_unit_test(test_dot_rows),
+		cmocka_unit_test(test_row_scale2),
 		cmocka_unit_test(test_reference_paths),
 		cmocka_unit_test(test_graph_replay),
 		cmocka_unit_test(test_refusal),
@@ -281,7 +404,9 @@ int main(void)
 	struct sm70_err err = { { 0 } };
 	int ret;
 
-	/* the NVFP4 switch's own backend, beside the three gpu_test_main makes */
+	/* the variants' backends and the NVFP4 switch's own, beside the three gpu_test_main
+	 * makes (its gpu, made with the variant unset, is variant 0) */
+	unsetenv("SM70_NVFP4_VARIANT");
 	setenv("SM70_NVFP4", "reference", 1);
 	ret = sm70_backend_cuda_create(&gpu_fp4ref, 0, &err);
 	unsetenv("SM70_NVFP4");
@@ -293,8 +418,27 @@ int main(void)
 		fprintf(stderr, "cuda backend (SM70_NVFP4=reference): %s\n", err.msg);
 		return 1;
 	}
-	ret = gpu_test_main("cuda_nvfp4", tests, sizeof(tests) / sizeof(tests[0]), &gpu,
-			    &gpu_ref, &cpu);
+	for (int v = 1; v < N_VARIANTS && !ret; v++) {
+		char val[8];
+
+		snprintf(val, sizeof(val), "%d", v);
+		setenv("SM70_NVFP4_VARIANT", val, 1);
+		ret = sm70_backend_cuda_create(&gpu_var[v], 0, &err);
+		unsetenv("SM70_NVFP4_VARIANT");
+		if (ret)
+			fprintf(stderr, "cuda backend (SM70_NVFP4_VARIANT=%d): %s\n", v, err.msg);
+	}
+	if (!ret)
+		ret = gpu_test_main("cuda_nvfp4", tests, sizeof(tests) / sizeof(tests[0]), &gpu,
+				    &gpu_ref, &cpu);
+	for (int v = 1; v < N_VARIANTS; v++) {
+		if (gpu_var[v] && gpu_var[v]->ops->sync(gpu_var[v])) {
+			fprintf(stderr, "a CUDA error was recorded on the variant %d backend\n", v);
+			ret = 1;
+		}
+		if (gpu_var[v])
+			sm70_backend_destroy(gpu_var[v]);
+	}
 	if (gpu_fp4ref->ops->sync(gpu_fp4ref)) {
 		fprintf(stderr, "a CUDA error was recorded on the SM70_NVFP4=reference backend\n");
 		ret = 1;
