@@ -101,7 +101,8 @@
  * memory-bound with room to spare.
  *
  * Variants (SM70_NVFP4_VARIANT, read at backend creation, for timing the kernels against
- * each other; 0 when unset): 0 auto (the above), 1 WMMA at every n, 2 the dot kernel with
+ * each other; 0 when unset): 0 auto (the above, but the dot kernel at n = 1 only: on the
+ * H200 WMMA matched or beat it from n = 2), 1 WMMA at every n, 2 the dot kernel with
  * T = 1 always, 3 the dot kernel with T = 2 always. 2 and 3 change only n <= 4 (and keep
  * the shared-memory fallback).
  *
@@ -708,7 +709,8 @@ static void fp4_dot_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __h
 }
 
 /* One launch for n <= FP4_ROWS_MAX rows of x, by SM70_NVFP4_VARIANT (the file comment):
- * the dot kernel at n <= 4 where its x fits its shared memory, else WMMA. */
+ * the dot kernel where the variant asks for it and its x fits its shared memory, else
+ * WMMA. */
 static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
 			 const struct sm70_weight *w, int n)
 {
@@ -716,7 +718,10 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 	const size_t most = c->smem_optin < FP4_DOT_SMEM_MAX ? c->smem_optin : FP4_DOT_SMEM_MAX;
 	const int t2 = v == 3 || (v != 2 && (w->rows + 31) / 32 >= 2 * c->n_sm);
 
-	if (n > FP4_DOT_ROWS_MAX || v == 1 || fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {
+	/* auto: the dot kernel at n = 1 only; from n = 2 WMMA measured as fast or faster
+	 * (docs/PERFORMANCE.md, "NVFP4 GEMV") */
+	if (n > FP4_DOT_ROWS_MAX || v == 1 || (v == 0 && n > 1) ||
+	    fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {
 		fp4_wmma_dispatch(c, y, y_f32, x, w, n);
 		return;
 	}
