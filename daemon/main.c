@@ -49,6 +49,7 @@
  * refreshed, and how often the log gets a progress line. */
 #define LOAD_TICK_US 1000000ull
 #define LOAD_LOG_US 10000000ull
+#define LOAD_FIRST_US 50000ull /* how often to look for the total before it is known */
 
 uint64_t sm70__now_us(void)
 {
@@ -633,6 +634,7 @@ static int load_model(struct sm70__daemon *d, const struct sm70_engine_opts *eo,
 	struct sm70__watch *w = NULL;
 	struct loader l;
 	uint64_t tick_us = 0, log_us;
+	int total_shown = 0; /* a status line with the total has gone out */
 	pthread_t th;
 	char line[200];
 	int ret;
@@ -663,6 +665,11 @@ static int load_model(struct sm70__daemon *d, const struct sm70_engine_opts *eo,
 		int64_t timeout = (int64_t)(LOAD_TICK_US - (d->now_us - tick_us) % LOAD_TICK_US);
 		int64_t t = sm70__sessions_next_timer(d);
 
+		/* until the loader knows its total, look every 50 ms: the first status line
+		 * with a percentage should not wait a whole tick */
+		if (!total_shown && timeout > (int64_t)LOAD_FIRST_US)
+			timeout = (int64_t)LOAD_FIRST_US;
+
 		if (t >= 0 && t < timeout)
 			timeout = t;
 		t = sm70__admin_next_timer(d);
@@ -682,8 +689,9 @@ static int load_model(struct sm70__daemon *d, const struct sm70_engine_opts *eo,
 		}
 		d->load_done = __atomic_load_n(&l.progress.done, __ATOMIC_RELAXED);
 		d->load_total = __atomic_load_n(&l.progress.total, __ATOMIC_RELAXED);
-		if (d->now_us - tick_us >= LOAD_TICK_US) {
+		if (d->now_us - tick_us >= LOAD_TICK_US || (!total_shown && d->load_total)) {
 			tick_us = d->now_us;
+			total_shown = d->load_total > 0;
 			load_line(d, line, sizeof(line));
 			sd_notifyf(0, "STATUS=%s", line);
 			sm70__sessions_loading(d);

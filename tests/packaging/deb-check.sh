@@ -438,7 +438,11 @@ if "$CTR" boot "$CDIR" >"$T/boot.out" 2>&1; then
 		else
 			fail "sm70ctl health ready while loading: rc $hrc"; sed 's/^/      | /' "$T/ready"
 		fi
-		st=$(ctr_show sm70d StatusText)
+		# the status line follows the load once a second: give it one refresh
+		st=$(ctr_show sm70d StatusText) k=0
+		while [ $k -lt 15 ] && ! case $st in loading*%*) true ;; *) false ;; esac; do
+			sleep 0.2; st=$(ctr_show sm70d StatusText); k=$((k + 1))
+		done
 		case $st in
 		loading*%*) pass "systemd's status line shows the progress: $st" ;;
 		*) fail "sm70d.service's StatusText while loading: '$st'" ;;
