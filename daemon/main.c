@@ -300,7 +300,8 @@ static void export_fast_paths(const struct sm70__config *c)
 	if (c->fast_paths.attention[0])
 		setenv("SM70_ATTENTION", c->fast_paths.attention, 1);
 	if (c->fast_paths.fused[0])
-		setenv("SM70_FUSED", strcmp(c->fast_paths.fused, "reference") ? "qk" : "0", 1);
+		setenv("SM70_FUSED", strcmp(c->fast_paths.fused, "reference") ? "default" : "0",
+		       1);
 	if (c->fast_paths.allreduce[0])
 		setenv("SM70_ALLREDUCE",
 		       strcmp(c->fast_paths.allreduce, "reference") ? "auto" : "nccl", 1);

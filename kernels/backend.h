@@ -469,6 +469,19 @@ struct sm70_backend_ops {
 			  const float *inj, int n, int streams, int dim);
 
 	/*
+	 * hc_mix (optional, a fast path): one token's whole mixer in two passes, equal (up to
+	 * the order of f32 sums) to group_rmsnorm(xn, x, f32, norm, 1, S, dim) ->
+	 * matmul(f, f32, xn, mix) -> hc_gates(z, inj, f, mix->rows, 1, rank, S) ->
+	 * matmul(u, act, z, up) -> hc_combine(y, u, xn, 1, S, dim). x f32 [S * dim]; xn act
+	 * [S * dim] is written too; inj (f32 [S]) may be NULL (the final mixer); part f32
+	 * [S * mix->rows] is scratch. Returns -ENOTSUP with nothing queued when the shapes or
+	 * dtypes are not its own (the caller composes the ops then).
+	 */
+	int (*hc_mix)(struct sm70_backend *be, void *y, float *inj, void *xn, float *part,
+		      const float *x, const float *norm, const struct sm70_weight *mix,
+		      const struct sm70_weight *up, int streams, int dim, int rank, float eps);
+
+	/*
 	 * ngram_hist: hist[t][i] (int32 [n_tokens][n_hist]) = the token at position
 	 * tok_pos[t] - 1 - i of token t's sequence, or -1 before position 0; earlier tokens
 	 * of the same decode or chunk come from the batch, older ones from ctx (int32

@@ -26,6 +26,11 @@ static void hc_pre(struct sm70_model *m, int r, struct sm70__work *w,
 	const struct sm70_backend_ops *op = be->ops;
 	int H = m->cfg.hidden_size;
 
+	/* one token: the fused two-pass mixer when the backend has it for these shapes */
+	if (n == 1 && (m->fused & SM70_FUSED_HC) && op->hc_mix &&
+	    op->hc_mix(be, y, inject ? w->hc_inj : NULL, w->hc_xn, w->hc_part, x, hw->norm,
+		       &hw->mix, &hw->up, q->hc, H, q->hc_rank, m->cfg.rms_norm_eps) == 0)
+		return;
 	op->group_rmsnorm(be, w->hc_xn, x, 1, hw->norm, n, q->hc, H, m->cfg.rms_norm_eps);
 	op->matmul(be, w->hc_f, 1, w->hc_xn, &hw->mix, n);
 	op->hc_gates(be, w->hc_z, inject ? w->hc_inj : NULL, w->hc_f, hw->mix.rows, n,

@@ -427,9 +427,12 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 			goto fail;
 	}
 	env = getenv("SM70_FUSED");
-	/* default: the q/k fusion only; the SwiGLU-into-down fusion measured slower (its
-	 * GEMV reads gate and up for every block: docs/PERFORMANCE.md) */
-	m->fused = !env || strcmp(env, "qk") == 0 ? SM70_FUSED_QK :
+	/* default: the q/k fusion and the one-token hyper-connection mixer; the
+	 * SwiGLU-into-down fusion measured slower (its GEMV reads gate and up for every
+	 * block: docs/PERFORMANCE.md) */
+	m->fused = !env || strcmp(env, "default") == 0 ? SM70_FUSED_QK | SM70_FUSED_HC :
+		   strcmp(env, "qk") == 0 ? SM70_FUSED_QK :
+		   strcmp(env, "hc") == 0 ? SM70_FUSED_HC :
 		   strcmp(env, "0") == 0 ? 0 :
 		   strcmp(env, "silu") == 0 ? SM70_FUSED_SILU : SM70_FUSED_ALL;
 	env = getenv("SM70_BENCH_SKIP_ALLREDUCE");

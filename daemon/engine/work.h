@@ -36,6 +36,7 @@ struct sm70__work {
 	void *hc_z;         /* act [T, rank] */
 	void *hc_u;         /* act [T, hc * H] the mix weights before the sigmoid */
 	float *hc_inj;      /* f32 [T, hc] the pending block's per-stream inject weights */
+	float *hc_part;     /* f32 [hc, rank + hc] hc_mix's per-stream partial sums */
 	/* PLE */
 	int32_t *hist;      /* [T, ngram - 1] each token's previous tokens */
 	void *ple_e;        /* act [T, ple_dim] the n-gram embeddings */

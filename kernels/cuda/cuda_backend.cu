@@ -251,6 +251,7 @@ static const struct sm70_backend_ops cuda_ops = {
 	.hc_gates = sm70__cuda_hc_gates,
 	.hc_combine = sm70__cuda_hc_combine,
 	.hc_inject = sm70__cuda_hc_inject,
+	.hc_mix = sm70__cuda_hc_mix,
 	.ngram_hist = sm70__cuda_ngram_hist,
 	.ple_embed = sm70__cuda_ple_embed,
 	.ple_gate = sm70__cuda_ple_gate,

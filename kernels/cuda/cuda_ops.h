@@ -103,6 +103,9 @@ void sm70__cuda_hc_combine(struct sm70_backend *be, void *y, const void *u, cons
 			   int n, int streams, int dim);
 void sm70__cuda_hc_inject(struct sm70_backend *be, float *x, const void *delta,
 			  const float *inj, int n, int streams, int dim);
+int sm70__cuda_hc_mix(struct sm70_backend *be, void *y, float *inj, void *xn, float *part,
+		      const float *x, const float *norm, const struct sm70_weight *mix,
+		      const struct sm70_weight *up, int streams, int dim, int rank, float eps);
 void sm70__cuda_ngram_hist(struct sm70_backend *be, int32_t *hist, int32_t *ctx, int n_hist,
 			   const struct sm70_batch *b);
 void sm70__cuda_ple_embed(struct sm70_backend *be, void *out, const struct sm70_ple_hash *ph,

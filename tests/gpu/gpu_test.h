@@ -141,6 +141,22 @@ static inline void set_act(struct sm70_backend *be, void *dst, const float *v, s
 	bfree(be, tmp);
 }
 
+/* A weight on a backend: f16 values (the CUDA weight dtype; the CPU reads f16 too). */
+static inline struct sm70_weight mk_weight(struct sm70_backend *be, const float *v, int rows,
+					   int cols)
+{
+	struct sm70_weight w = { .dtype = SM70_DTYPE_F16, .rows = rows, .cols = cols };
+	size_t n = (size_t)rows * cols;
+	uint16_t *h = malloc((n ? n : 1) * sizeof(*h));
+
+	assert_non_null(h);
+	for (size_t i = 0; i < n; i++)
+		h[i] = sm70_f32_to_f16(v[i]);
+	w.data = up_bytes(be, h, n * sizeof(*h));
+	free(h);
+	return w;
+}
+
 /* Prints and checks max |got - ref| / max |ref| <= tol. Returns the relative error. */
 static inline double compare_values(const char *what, const float *got, const float *ref,
 				    size_t n, double tol)

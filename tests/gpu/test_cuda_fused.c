@@ -50,21 +50,6 @@ static uint16_t *get_f16_codes(struct sm70_backend *be, const void *src, size_t 
 	return h;
 }
 
-/* A weight on a backend, stored f16 (CUDA's weight_dtype; the CPU reads f16 too). */
-static struct sm70_weight mk_weight(struct sm70_backend *be, const float *v, int rows, int cols)
-{
-	struct sm70_weight w = { .dtype = SM70_DTYPE_F16, .rows = rows, .cols = cols };
-	size_t n = (size_t)rows * cols;
-	uint16_t *h = malloc((n ? n : 1) * sizeof(*h));
-
-	assert_non_null(h);
-	for (size_t i = 0; i < n; i++)
-		h[i] = sm70_f32_to_f16(v[i]);
-	w.data = up_bytes(be, h, n * sizeof(*h));
-	free(h);
-	return w;
-}
-
 /* f16 and FP8 codes on one ordered integer line (sign-magnitude to two's complement), so
  * that neighbouring values are one apart and +0 equals -0 */
 static long ord16(uint16_t h)

@@ -1,8 +1,8 @@
 /* test_cuda_hc_ple - the CUDA qwen4_exp ops (group_rmsnorm, hc_gates, hc_combine,
- * hc_inject, ngram_hist, ple_embed, ple_gate, ple_conv) against their CPU twins on the
- * same inputs: odd and vector-friendly sizes, two steps of batches mixing decodes and
- * prefill chunks from dirty slots, the PLE table in host memory registered through
- * host_register; and a captured decode step replayed against eager runs. */
+ * hc_inject, ngram_hist, ple_embed, ple_gate, ple_conv; the fused hc_mix) against their
+ * CPU twins on the same inputs: odd and vector-friendly sizes, two steps of batches mixing
+ * decodes and prefill chunks from dirty slots, the PLE table in host memory registered
+ * through host_register; and a captured decode step replayed against eager runs. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -40,6 +40,12 @@
 #define TOL_F16_OUT 1.5e-3
 #define TOL_F32_GATE 1e-6
 #define TOL_F32_X 1e-6
+/* hc_mix: its f16 intermediates (xn, z, u) round like the composed GPU ops', but sums in
+ * another order can flip a rounding, and the CPU keeps them f32: a few f16 ulps of y. Its
+ * inject logits are dots of 8192 products summed in another order than the matmul's
+ * (1.0e-5 of the gate seen against the CPU on the H200) */
+#define TOL_MIX 4e-3
+#define TOL_MIX_INJ 1e-4
 
 static struct sm70_backend *gpu, *gpu_ref, *cpu;
 
@@ -576,6 +582,127 @@ static void test_ple_conv(void **state)
 	}
 }
 
+/*
+ * hc_mix (the fused one-token mixer) against the composed ops on the CPU and on the GPU:
+ * the real scale (4 streams of 2048, rank 320) with and without inject rows, the fixture's
+ * (64, rank 16) and 3 streams of 24; and the shapes it must refuse, with nothing queued.
+ */
+static void mix_composed(struct sm70_backend *be, void *y, float *inj, void *xn, float *f,
+			 void *z, void *u, const float *x, const float *norm,
+			 const struct sm70_weight *mix, const struct sm70_weight *up, int S, int D,
+			 int rank)
+{
+	be->ops->group_rmsnorm(be, xn, x, 1, norm, 1, S, D, 1e-6f);
+	be->ops->matmul(be, f, 1, xn, mix, 1);
+	be->ops->hc_gates(be, z, inj, f, mix->rows, 1, rank, S);
+	be->ops->matmul(be, u, 0, z, up, 1);
+	be->ops->hc_combine(be, y, u, xn, 1, S, D);
+}
+
+static void test_hc_mix(void **state)
+{
+	const int shapes[][4] = { { 4, 2048, 320, 1 }, { 4, 2048, 320, 0 }, { 4, 64, 16, 1 },
+				  { 3, 24, 8, 1 } }; /* S, dim, rank, inject */
+
+	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+		const int S = shapes[si][0], D = shapes[si][1], R = shapes[si][2];
+		const int inj_on = shapes[si][3], W = R + (inj_on ? S : 0), C = S * D;
+		float *x = fvec(C), *nw = fvec(C), *mv = fvec((size_t)W * C), *uv = fvec((size_t)C * R);
+		float *yc = fvec(D), *yk = fvec(D), *yg = fvec(D), *ic = fvec(S), *ig = fvec(S);
+		struct sm70_weight mc, mg, uc, ug;
+		struct sm70_backend *be[2] = { cpu, gpu };
+		void *dy[3], *dxn[3], *dz[3], *du[3];
+		float *dx[2], *dn[2], *df[3], *di[3], *part;
+		char what[96];
+
+		for (int k = 0; k < C; k++) {
+			x[k] = rnd(1.0f) * (k / D % 2 ? 8.0f : 0.05f);
+			nw[k] = 1.0f + rnd(0.5f);
+		}
+		for (size_t k = 0; k < (size_t)W * C; k++)
+			mv[k] = rnd(1.0f) / sqrtf((float)C) * 4.0f;
+		for (size_t k = 0; k < (size_t)C * R; k++)
+			uv[k] = rnd(1.0f) / sqrtf((float)R) * 4.0f;
+		mc = mk_weight(cpu, mv, W, C), mg = mk_weight(gpu, mv, W, C);
+		uc = mk_weight(cpu, uv, C, R), ug = mk_weight(gpu, uv, C, R);
+		for (int b = 0; b < 3; b++) {
+			struct sm70_backend *k = b ? gpu : cpu;
+
+			dy[b] = balloc(k, (size_t)D * act_size(k));
+			dxn[b] = balloc(k, (size_t)C * act_size(k));
+			dz[b] = balloc(k, (size_t)R * act_size(k));
+			du[b] = balloc(k, (size_t)C * act_size(k));
+			df[b] = balloc(k, (size_t)W * 4);
+			di[b] = balloc(k, (size_t)S * 4);
+			if (b < 2) {
+				dx[b] = up_bytes(be[b], x, (size_t)C * 4);
+				dn[b] = up_bytes(be[b], nw, (size_t)C * 4);
+			}
+		}
+		part = balloc(gpu, (size_t)S * W * 4);
+		/* [0] CPU composed, [1] GPU composed, [2] GPU fused */
+		mix_composed(cpu, dy[0], inj_on ? di[0] : NULL, dxn[0], df[0], dz[0], du[0], dx[0],
+			     dn[0], &mc, &uc, S, D, R);
+		mix_composed(gpu, dy[1], inj_on ? di[1] : NULL, dxn[1], df[1], dz[1], du[1], dx[1],
+			     dn[1], &mg, &ug, S, D, R);
+		assert_int_equal(gpu->ops->hc_mix(gpu, dy[2], inj_on ? di[2] : NULL, dxn[2], part,
+						  dx[1], dn[1], &mg, &ug, S, D, R, 1e-6f), 0);
+		get_act(cpu, yc, dy[0], D);
+		get_act(gpu, yk, dy[1], D);
+		get_act(gpu, yg, dy[2], D);
+		snprintf(what, sizeof(what), "hc_mix y S=%d dim=%d rank=%d%s vs CPU", S, D, R,
+			 inj_on ? "" : " (no inj)");
+		compare_values(what, yg, yc, D, TOL_MIX);
+		snprintf(what, sizeof(what), "  the same vs the GPU's composed ops");
+		compare_values(what, yg, yk, D, TOL_MIX);
+		if (inj_on) {
+			get_f32(cpu, ic, di[0], S);
+			get_f32(gpu, ig, di[2], S);
+			compare_values("  inject gates vs CPU", ig, ic, S, TOL_MIX_INJ);
+			get_f32(gpu, ic, di[1], S);
+			compare_values("  inject gates vs the GPU's composed ops", ig, ic, S,
+				       TOL_MIX_INJ);
+		}
+		{
+			float *xc = fvec(C), *xg = fvec(C);
+
+			get_act(cpu, xc, dxn[0], C);
+			get_act(gpu, xg, dxn[2], C);
+			compare_values("  xn vs CPU", xg, xc, C, TOL_F16_OUT);
+			free(xc), free(xg);
+		}
+		for (int b = 0; b < 3; b++) {
+			struct sm70_backend *k = b ? gpu : cpu;
+
+			bfree(k, dy[b]), bfree(k, dxn[b]), bfree(k, dz[b]), bfree(k, du[b]);
+			bfree(k, df[b]), bfree(k, di[b]);
+			if (b < 2)
+				bfree(be[b], dx[b]), bfree(be[b], dn[b]);
+		}
+		bfree(gpu, part);
+		bfree(cpu, mc.data), bfree(gpu, mg.data), bfree(cpu, uc.data), bfree(gpu, ug.data);
+		free(x), free(nw), free(mv), free(uv), free(yc), free(yk), free(yg), free(ic);
+		free(ig);
+	}
+	{
+		/* refused shapes: 5 streams, a dim not a multiple of 8, f32 weights */
+		struct sm70_weight m5 = { SM70_DTYPE_F16, 5 * 16 + 5, 5 * 16, NULL, NULL, 0, NULL };
+		struct sm70_weight u5 = { SM70_DTYPE_F16, 5 * 16, 16, NULL, NULL, 0, NULL };
+		struct sm70_weight m3 = { SM70_DTYPE_F16, 16 + 3, 3 * 12, NULL, NULL, 0, NULL };
+		struct sm70_weight u3 = { SM70_DTYPE_F16, 3 * 12, 16, NULL, NULL, 0, NULL };
+		struct sm70_weight mf = { SM70_DTYPE_F32, 16 + 4, 4 * 16, NULL, NULL, 0, NULL };
+		struct sm70_weight uf = { SM70_DTYPE_F16, 4 * 16, 16, NULL, NULL, 0, NULL };
+
+		assert_int_equal(gpu->ops->hc_mix(gpu, NULL, NULL, NULL, NULL, NULL, NULL, &m5, &u5,
+						  5, 16, 16, 1e-6f), -ENOTSUP);
+		assert_int_equal(gpu->ops->hc_mix(gpu, NULL, NULL, NULL, NULL, NULL, NULL, &m3, &u3,
+						  3, 12, 16, 1e-6f), -ENOTSUP);
+		assert_int_equal(gpu->ops->hc_mix(gpu, NULL, NULL, NULL, NULL, NULL, NULL, &mf, &uf,
+						  4, 16, 16, 1e-6f), -ENOTSUP);
+		printf("  hc_mix refuses 5 streams, dim 12, f32 weights: -ENOTSUP\n");
+	}
+}
+
 /* ---- graph replay ---------------------------------------------------------------------------- */
 
 /* One qwen4_exp decode step's new ops on persistent GPU buffers, as a captured step would
@@ -730,6 +857,7 @@ int main(void)
 		cmocka_unit_test(test_group_rmsnorm),
 		cmocka_unit_test(test_hc_gates),
 		cmocka_unit_test(test_hc_combine_inject),
+		cmocka_unit_test(test_hc_mix),
 		cmocka_unit_test(test_ple_gate),
 		cmocka_unit_test(test_ngram_hist),
 		cmocka_unit_test(test_ple_embed),

@@ -34,21 +34,6 @@ static struct sm70_backend *gpu, *gpu_ref, *cpu;
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
-/* A weight on a backend: f16 values (the CUDA weight_dtype; the CPU reads f16 too). */
-static struct sm70_weight mk_weight(struct sm70_backend *be, const float *v, int rows, int cols)
-{
-	struct sm70_weight w = { .dtype = SM70_DTYPE_F16, .rows = rows, .cols = cols };
-	size_t n = (size_t)rows * cols;
-	uint16_t *h = malloc(n * sizeof(*h));
-
-	assert_non_null(h);
-	for (size_t i = 0; i < n; i++)
-		h[i] = sm70_f32_to_f16(v[i]);
-	w.data = up_bytes(be, h, n * sizeof(*h));
-	free(h);
-	return w;
-}
-
 /* ---- tests ------------------------------------------------------------------------- */
 
 static void test_basics(void **state)
