@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include "kernels/backend.h"
@@ -147,5 +149,34 @@ static inline void err_report(const char *what, const struct errstat *e, double 
 	       e->max_rel, tol, e->n);
 	assert_true(e->max_rel <= tol);
 }
+
+#ifdef SM70_KERNELS_CPU_CPU_OPS_H
+/*
+ * Runs run(be, ctx) three ways (1 thread on be1; 4 threads on be4; 4 threads without the
+ * per-thread scratch) and asserts the count f32 values at out are bitwise equal each time.
+ * Returns the values compared (2 * count). Needs kernels/cpu/cpu_ops.h included first.
+ */
+static inline size_t threads_bitwise(struct sm70_backend *be1, struct sm70_backend *be4,
+				     void (*run)(struct sm70_backend *be, void *ctx), void *ctx,
+				     const float *out, size_t count)
+{
+	float *first = malloc(sizeof(float) * (count ? count : 1));
+
+	assert_non_null(first);
+	for (int way = 0; way < 3; way++) {
+		struct sm70_backend *be = way ? be4 : be1;
+
+		sm70__cpu_of(be)->scratch_off = way == 2;
+		run(be, ctx);
+		sm70__cpu_of(be)->scratch_off = 0;
+		if (way == 0)
+			memcpy(first, out, sizeof(float) * count);
+		else
+			assert_memory_equal(out, first, sizeof(float) * count);
+	}
+	free(first);
+	return 2 * count;
+}
+#endif
 
 #endif

@@ -300,6 +300,11 @@ static void case_run(struct sm70_backend *be, struct fp4_case *c)
 			     c->part);
 }
 
+static void case_run_any(struct sm70_backend *be, void *c)
+{
+	case_run(be, c);
+}
+
 /* The float64 experts from the ModelOpt bytes over the op's own route; ref [n][H]. */
 static void ref_experts(const struct fp4_case *c, double *ref)
 {
@@ -403,28 +408,11 @@ static void test_moe_nvfp4_threads(void **state)
 	size_t compared = 0;
 
 	for (size_t si = 0; si < 2; si++) {
-		const size_t count = (size_t)big[si].n * big[si].hidden;
-		float *outs[3];
 		struct fp4_case c;
 
 		case_new(be1, &c, big[si]);
-		/* run 0: 1 thread; 1: 4 threads; 2: 4 threads without scratch */
-		for (int run = 0; run < 3; run++) {
-			struct sm70_backend *be = run ? be4 : be1;
-
-			sm70__cpu_of(be)->scratch_off = run == 2;
-			case_run(be, &c);
-			sm70__cpu_of(be)->scratch_off = 0;
-			outs[run] = malloc(sizeof(float) * count);
-			assert_non_null(outs[run]);
-			memcpy(outs[run], c.out, sizeof(float) * count);
-		}
-		for (int run = 1; run < 3; run++) {
-			assert_memory_equal(outs[run], outs[0], sizeof(float) * count);
-			compared += count;
-		}
-		for (int run = 0; run < 3; run++)
-			free(outs[run]);
+		compared += threads_bitwise(be1, be4, case_run_any, &c, c.out,
+					    (size_t)big[si].n * big[si].hidden);
 		case_free(be1, &c);
 	}
 	printf("  %zu nvfp4 moe_experts values bitwise equal on 1 vs 4 threads and without "

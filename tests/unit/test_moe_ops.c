@@ -375,6 +375,11 @@ static void ex_run(struct sm70_backend *be, struct ex_case *c)
 			     c->mid, c->part);
 }
 
+static void ex_run_any(struct sm70_backend *be, void *c)
+{
+	ex_run(be, c);
+}
+
 /* The float64 experts over the op's own route (its ids and f32 weights); ref [n][H]. */
 static void ref_experts(const struct ex_case *c, double *ref)
 {
@@ -541,28 +546,11 @@ static void test_moe_threads(void **state)
 	}
 	for (size_t di = 0; di < 3; di++) {
 		for (size_t si = 0; si < 2; si++) {
-			const size_t count = (size_t)big[si].n * big[si].hidden;
-			float *outs[3];
 			struct ex_case c;
 
 			ex_new(be1, &c, big[si], dtypes[di]);
-			/* run 0: 1 thread; 1: 4 threads; 2: 4 threads without scratch */
-			for (int run = 0; run < 3; run++) {
-				struct sm70_backend *be = run ? be4 : be1;
-
-				sm70__cpu_of(be)->scratch_off = run == 2;
-				ex_run(be, &c);
-				sm70__cpu_of(be)->scratch_off = 0;
-				outs[run] = malloc(sizeof(float) * count);
-				assert_non_null(outs[run]);
-				memcpy(outs[run], c.out, sizeof(float) * count);
-			}
-			for (int run = 1; run < 3; run++) {
-				assert_memory_equal(outs[run], outs[0], sizeof(float) * count);
-				compared += count;
-			}
-			for (int run = 0; run < 3; run++)
-				free(outs[run]);
+			compared += threads_bitwise(be1, be4, ex_run_any, &c, c.out,
+						    (size_t)big[si].n * big[si].hidden);
 			ex_free(be1, &c);
 		}
 	}
