@@ -560,6 +560,17 @@ struct sm70_backend_ops {
 	int (*host_register)(struct sm70_backend *be, void *p, size_t bytes);
 	void (*host_unregister)(struct sm70_backend *be, void *p);
 
+	/* Optional (all NULL: one stream, everything in order). side_begin: the ops called
+	 * until side_end go to a second queue that starts after everything queued so far, so
+	 * they overlap what is queued next; side_join: everything queued after it waits for
+	 * the second queue's work. A side_begin ... side_end section is followed by exactly
+	 * one side_join before the next side_begin, a sync or graph_end; it also works while a
+	 * graph is captured (a fork and a join). Only ops that read host memory or run their
+	 * own kernels belong in a section (the PLE row gathers: not matmul). */
+	void (*side_begin)(struct sm70_backend *be);
+	void (*side_end)(struct sm70_backend *be);
+	void (*side_join)(struct sm70_backend *be);
+
 	/* Optional graph capture (NULL: not supported). Between graph_begin and graph_end the
 	 * ops called are recorded, not run; graph_end returns a handle that graph_launch
 	 * replays. A replay runs the same ops with the same scalar arguments over the same

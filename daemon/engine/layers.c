@@ -69,7 +69,8 @@ static void carve_hc(const struct sm70_model *m, int r, struct carver *cv,
 	w->hc_inj = carve(cv, T * (size_t)q->hc * sizeof(float));
 	w->hc_part = carve(cv, (size_t)q->hc * (q->hc_rank + q->hc) * sizeof(float));
 	w->hist = carve(cv, ple * T * (size_t)(q->ngram - 1) * sizeof(int32_t));
-	w->ple_e = carve(cv, ple * T * (size_t)q->ple_dim * a);
+	w->ple_e = carve(cv, (size_t)q->n_ple * T * (size_t)q->ple_dim * a);
+	w->ple_pending = 0;
 	w->ple_k = carve(cv, ple * T * SH * a);
 	w->ple_kn = carve(cv, ple * T * SH * a);
 	w->ple_qn = carve(cv, ple * T * SH * a);

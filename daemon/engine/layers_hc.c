@@ -48,6 +48,46 @@ static void hc_post(struct sm70_model *m, int r, struct sm70__work *w)
 			   m->cfg.q4.hc, m->cfg.hidden_size);
 }
 
+/* Layer l's n-gram embeddings [T, ple_dim] in the workspace. */
+static void *ple_rows(struct sm70_model *m, int r, int l, struct sm70__work *w)
+{
+	size_t a = sm70_dtype_size(m->rank[r].be->act_dtype);
+
+	return (char *)w->ple_e + (size_t)m->cfg.q4.ple_index[l] * m->opts.max_tokens *
+					  m->cfg.q4.ple_dim * a;
+}
+
+/*
+ * Every PLE layer's table rows for the step, gathered at its start: they depend only on
+ * the tokens, so on a backend with side sections the host-memory reads (latency-bound
+ * over PCIe) overlap the layers before the first PLE layer, which joins them.
+ */
+static void ple_gather(struct sm70_model *m, int r, struct sm70__work *w)
+{
+	struct sm70_backend *be = m->rank[r].be;
+	const struct sm70_backend_ops *op = be->ops;
+	int side = op->side_begin && m->ple_overlap;
+
+	if (side)
+		op->side_begin(be);
+	for (int l = 0; l < m->cfg.n_layers; l++)
+		if (m->cfg.q4.ple_index[l] >= 0)
+			op->ple_embed(be, ple_rows(m, r, l, w), &sm70__layer_of(m, r, l)->ple.hash,
+				      w->hist, &m->rank[r].batch);
+	if (side) {
+		op->side_end(be);
+		w->ple_pending = 1;
+	}
+}
+
+static void ple_join(struct sm70_model *m, int r, struct sm70__work *w)
+{
+	if (w->ple_pending) {
+		m->rank[r].be->ops->side_join(m->rank[r].be);
+		w->ple_pending = 0;
+	}
+}
+
 /* PLE of layer l: the n-gram rows, gated against each normed stream, plus their dilated
  * convolution, added to the streams. */
 static void ple_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
@@ -61,10 +101,11 @@ static void ple_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
 	int T = b->n_tokens, H = m->cfg.hidden_size, S = q->hc;
 	float eps = m->cfg.rms_norm_eps;
 	struct sm70_dconv dc = { rk->state[l].ple, P->conv, S * H, q->ple_conv_k, q->ngram };
+	void *e = ple_rows(m, r, l, w);
 
-	op->ple_embed(be, w->ple_e, &P->hash, w->hist, b);
-	op->matmul(be, w->ple_k, 0, w->ple_e, &P->key, T);
-	op->matmul(be, w->ple_v, 0, w->ple_e, &P->value, T);
+	ple_join(m, r, w);
+	op->matmul(be, w->ple_k, 0, e, &P->key, T);
+	op->matmul(be, w->ple_v, 0, e, &P->value, T);
 	op->group_rmsnorm(be, w->ple_kn, w->ple_k, 0, P->norm_key, T, S, H, eps);
 	op->group_rmsnorm(be, w->ple_qn, w->resid, 1, P->norm_query, T, S, H, eps);
 	op->ple_gate(be, w->ple_gv, w->ple_kn, w->ple_qn, w->ple_v, H, T, S, H);
@@ -101,9 +142,11 @@ void sm70__hc_forward(struct sm70_model *m)
 		/* the embedding, repeated into every stream */
 		be->ops->embed(be, w[r].emb, &d->embed, rk->batch.tok_ids, T);
 		be->ops->gather_rows(be, w[r].resid, w[r].emb, d->hc_rep, T * S, H, 1);
-		if (c->q4.n_ple)
+		if (c->q4.n_ple) {
 			be->ops->ngram_hist(be, w[r].hist, rk->ngram_ctx, c->q4.ngram - 1,
 					    &rk->batch);
+			ple_gather(m, r, &w[r]);
+		}
 	}
 	for (int l = 0; l < c->n_layers; l++) {
 		int gdn = c->layer_kind[l] == SM70_LAYER_GDN;
@@ -130,6 +173,8 @@ void sm70__hc_forward(struct sm70_model *m)
 		for (int r = 0; r < m->tp; r++)
 			hc_post(m, r, &w[r]);
 	}
+	for (int r = 0; r < m->tp; r++)
+		ple_join(m, r, &w[r]); /* no PLE layer ran (cannot happen with n_ple > 0) */
 	if (m->rank[0].batch.n_out == 0)
 		return;
 	for (int r = 0; r < m->tp; r++)

@@ -435,6 +435,9 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 		   strcmp(env, "hc") == 0 ? SM70_FUSED_HC :
 		   strcmp(env, "0") == 0 ? 0 :
 		   strcmp(env, "silu") == 0 ? SM70_FUSED_SILU : SM70_FUSED_ALL;
+	/* qwen4_exp's PLE row gathers on the backend's side stream (0: in line) */
+	env = getenv("SM70_PLE_OVERLAP");
+	m->ple_overlap = !(env && strcmp(env, "0") == 0);
 	env = getenv("SM70_BENCH_SKIP_ALLREDUCE");
 	m->bench_skip_allreduce = env && strcmp(env, "1") == 0;
 	bo = sm70__batch_layout(m);

@@ -129,9 +129,11 @@ struct sm70_model {
 	const struct sm70_arch_entry *entry; /* the registry row (arch.h) */
 	struct sm70_kv_layout kv_lay; /* every rank's (n_kv_heads is per rank) */
 	int n_state_slots;         /* recurrent-state slots; 0 for models without state */
-	/* Which of the backend's fused ops to use (the qk_norm_rope_kv and silu_matmul slots
-	 * of backend.h): SM70_FUSED=qk (the default) or silu one, 1 both, 0 none. */
+	/* Which of the backend's fused ops to use (the qk_norm_rope_kv, silu_matmul and
+	 * hc_mix slots of backend.h): SM70_FUSED=default (qk and hc), qk, hc or silu alone,
+	 * 1 all three, 0 none. */
 	int fused;
+	int ple_overlap; /* SM70_PLE_OVERLAP: PLE rows gathered on the side stream */
 	/* Benchmarks only: SM70_BENCH_SKIP_ALLREDUCE=1 leaves the all-reduces out, so that
 	 * sm70-bench decode can time what they cost (the tokens are then wrong). */
 	int bench_skip_allreduce;

@@ -39,7 +39,8 @@ struct sm70__work {
 	float *hc_part;     /* f32 [hc, rank + hc] hc_mix's per-stream partial sums */
 	/* PLE */
 	int32_t *hist;      /* [T, ngram - 1] each token's previous tokens */
-	void *ple_e;        /* act [T, ple_dim] the n-gram embeddings */
+	void *ple_e;        /* act [n_ple][T, ple_dim] the n-gram embeddings, per PLE layer */
+	int ple_pending;    /* the embeddings' side section is not joined yet */
 	void *ple_k, *ple_kn, *ple_qn, *ple_gv, *ple_gvn; /* act [T, hc * H] */
 	void *ple_v;        /* act [T, H] */
 	/* QSA */

@@ -208,6 +208,12 @@ static void cuda_release(struct sm70__cuda *c)
 		SM70_CUBLAS_CHECK(be, cublasDestroy(c->blas));
 	if (c->blas_ws)
 		SM70_CUDA_CHECK(be, cudaFree(c->blas_ws));
+	if (c->side_done)
+		SM70_CUDA_CHECK(be, cudaEventDestroy(c->side_done));
+	if (c->side_fork)
+		SM70_CUDA_CHECK(be, cudaEventDestroy(c->side_fork));
+	if (c->side)
+		SM70_CUDA_CHECK(be, cudaStreamDestroy(c->side));
 	if (c->stream)
 		SM70_CUDA_CHECK(be, cudaStreamDestroy(c->stream));
 	free(c);
@@ -262,6 +268,9 @@ static const struct sm70_backend_ops cuda_ops = {
 	.sparse_attention = sm70__cuda_sparse_attention,
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,
+	.side_begin = sm70__cuda_side_begin,
+	.side_end = sm70__cuda_side_end,
+	.side_join = sm70__cuda_side_join,
 	.graph_begin = sm70__cuda_graph_begin,
 	.graph_end = sm70__cuda_graph_end,
 	.graph_launch = sm70__cuda_graph_launch,
@@ -335,6 +344,13 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 		c->stream = NULL;
 		sm70_errf(err, ret, "cuda backend: cannot create a stream: %s",
 			  cudaGetErrorString(e));
+		goto fail;
+	}
+	c->main = c->stream;
+	if (cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking) != cudaSuccess ||
+	    cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming) != cudaSuccess ||
+	    cudaEventCreateWithFlags(&c->side_done, cudaEventDisableTiming) != cudaSuccess) {
+		sm70_errf(err, ret, "cuda backend: cannot create the side stream and its events");
 		goto fail;
 	}
 	if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {

@@ -58,6 +58,9 @@ struct sm70__cuda {
 	int n_sm;                 /* multiprocessors, for sizing grids */
 	size_t smem_optin;        /* most dynamic shared memory one block may ask for */
 	cudaStream_t stream;      /* every op and copy is queued here */
+	cudaStream_t main;        /* stream outside a side section (side_stream.cu) */
+	cudaStream_t side;        /* stream inside one */
+	cudaEvent_t side_fork, side_done;
 	cublasHandle_t blas;      /* bound to stream */
 	void *blas_ws;            /* its workspace, SM70__CUDA_BLAS_WS_BYTES */
 	int sticky;               /* first error seen (-EIO), 0 while healthy */

@@ -103,6 +103,9 @@ void sm70__cuda_hc_combine(struct sm70_backend *be, void *y, const void *u, cons
 			   int n, int streams, int dim);
 void sm70__cuda_hc_inject(struct sm70_backend *be, float *x, const void *delta,
 			  const float *inj, int n, int streams, int dim);
+void sm70__cuda_side_begin(struct sm70_backend *be);
+void sm70__cuda_side_end(struct sm70_backend *be);
+void sm70__cuda_side_join(struct sm70_backend *be);
 int sm70__cuda_hc_mix(struct sm70_backend *be, void *y, float *inj, void *xn, float *part,
 		      const float *x, const float *norm, const struct sm70_weight *mix,
 		      const struct sm70_weight *up, int streams, int dim, int rank, float eps);

@@ -2,7 +2,8 @@
  * hc_inject, ngram_hist, ple_embed, ple_gate, ple_conv; the fused hc_mix) against their
  * CPU twins on the same inputs: odd and vector-friendly sizes, two steps of batches mixing
  * decodes and prefill chunks from dirty slots, the PLE table in host memory registered
- * through host_register; and a captured decode step replayed against eager runs. */
+ * through host_register; and a captured decode step (its PLE gather on the side stream)
+ * replayed against eager runs. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -727,7 +728,11 @@ static void dec_ops(struct hc_decode *e)
 	op->hc_gates(gpu, e->z, e->inj, e->f, e->rank + e->S, e->B, e->rank, e->S);
 	op->hc_combine(gpu, e->y, e->xn, e->xn, e->B, e->S, e->H);
 	op->ngram_hist(gpu, e->hist, e->ctx, e->n_hist, &e->d.b);
+	/* the row gather on the side stream, as the engine queues it */
+	op->side_begin(gpu);
 	op->ple_embed(gpu, e->emb, &e->pt.pg, e->hist, &e->d.b);
+	op->side_end(gpu);
+	op->side_join(gpu);
 	/* the embedding's rows ((N - 1) * hpn * row_dim = S * H values) as k and v of the
 	 * gate */
 	op->ple_gate(gpu, e->gv, e->emb, e->xn, e->emb, C, e->B, e->S, e->H);
