@@ -43,10 +43,12 @@
 #define TOL_F32_X 1e-6
 /* hc_mix: its f16 intermediates (xn, z, u) round like the composed GPU ops', but sums in
  * another order can flip a rounding, and the CPU keeps them f32: a few f16 ulps of y. Its
- * inject logits are dots of 8192 products summed in another order than the matmul's
- * (1.0e-5 of the gate seen against the CPU on the H200) */
+ * inject gates come from f32 dots over the f16 xn: against the GPU's composed ops only the
+ * order of the sums differs (2.7e-7 seen on the H200), against the CPU also xn's f16
+ * rounding (9.4e-5 seen at dim 64) */
 #define TOL_MIX 4e-3
-#define TOL_MIX_INJ 1e-4
+#define TOL_MIX_INJ 1e-5
+#define TOL_MIX_INJ_CPU 1e-3
 
 static struct sm70_backend *gpu, *gpu_ref, *cpu;
 
@@ -659,7 +661,7 @@ static void test_hc_mix(void **state)
 		if (inj_on) {
 			get_f32(cpu, ic, di[0], S);
 			get_f32(gpu, ig, di[2], S);
-			compare_values("  inject gates vs CPU", ig, ic, S, TOL_MIX_INJ);
+			compare_values("  inject gates vs CPU", ig, ic, S, TOL_MIX_INJ_CPU);
 			get_f32(gpu, ic, di[1], S);
 			compare_values("  inject gates vs the GPU's composed ops", ig, ic, S,
 				       TOL_MIX_INJ);
