@@ -39,6 +39,7 @@
 #include "daemon/daemon.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
+#include "daemon/model_name.h"
 #include "daemon/scheduler.h"
 #include "daemon/session.h"
 
@@ -169,20 +170,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		return -1;
 	}
 	return 0;
-}
-
-static void set_model_name(struct sm70__daemon *d, const char *dir)
-{
-	char tmp[SM70__CFG_DIR_MAX];
-	size_t n;
-	const char *base;
-
-	snprintf(tmp, sizeof(tmp), "%s", dir);
-	n = strlen(tmp);
-	while (n > 1 && tmp[n - 1] == '/')
-		tmp[--n] = '\0';
-	base = strrchr(tmp, '/');
-	snprintf(d->model_name, sizeof(d->model_name), "%s", base ? base + 1 : tmp);
 }
 
 /* ---- configuration ------------------------------------------------------------------- */
@@ -750,7 +737,7 @@ int main(int argc, char **argv)
 	struct watchdog wd = { 0 };
 	struct sm70__watch *sig_watch = NULL;
 	const struct sm70_model_config *mc;
-	const char *cfg_from = NULL;
+	const char *cfg_from = NULL, *name_from = NULL;
 	sigset_t mask;
 	uint64_t usec = 0;
 	int ret, code = 2;
@@ -772,8 +759,12 @@ int main(int argc, char **argv)
 		if (ret)
 			fprintf(stderr, "sm70d: config: %s\n", err.msg);
 		else
-			printf("sm70d: configuration OK (%s): model %s, backend %s, socket %s, "
-			       "admin socket %s\n", cfg_from, d.cfg.model_dir, d.cfg.backend,
+			sm70__model_name_choose(d.cfg.model_name, d.cfg.model_dir, d.model_name,
+						&name_from);
+		if (!ret)
+			printf("sm70d: configuration OK (%s): model %s (named %s, from %s), "
+			       "backend %s, socket %s, admin socket %s\n", cfg_from,
+			       d.cfg.model_dir, d.model_name, name_from, d.cfg.backend,
 			       d.cfg.socket_path, d.cfg.admin_socket_path);
 		return ret ? 2 : 0;
 	}
@@ -812,7 +803,8 @@ int main(int argc, char **argv)
 	}
 	d.now_us = sm70__now_us();
 	sm70__metrics_init(&d.metrics, d.now_us);
-	set_model_name(&d, d.cfg.model_dir);
+	sm70__model_name_choose(d.cfg.model_name, d.cfg.model_dir, d.model_name, &name_from);
+	sm70__info("model name %s (from %s)", d.model_name, name_from);
 	code = 2;
 	ret = sm70__listener_open(&d, &err);
 	if (ret) {
