@@ -29,6 +29,11 @@ struct sm70__daemon {
 	uint32_t vocab_size;
 	uint32_t max_position;
 	uint64_t kv_tokens; /* KV cache capacity in tokens */
+	/* one full context: max_position, or limits.max_context_tokens where lower */
+	uint32_t context_tokens;
+	/* start-up warnings an operator should see (main.c), for `status` */
+	char warnings[2][320];
+	int n_warnings;
 	int n_eos;
 	int32_t eos_ids[8];
 

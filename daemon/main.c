@@ -51,6 +51,8 @@
 #define LOAD_TICK_US 1000000ull
 #define LOAD_LOG_US 10000000ull
 #define LOAD_FIRST_US 50000ull /* how often to look for the total before it is known */
+/* engine.kv_memory_fraction on the host backends: at most this part of MemAvailable */
+#define HOST_KV_SHARE 4
 
 uint64_t sm70__now_us(void)
 {
@@ -333,11 +335,13 @@ static uint64_t host_available(void)
 /* The KV budget of each rank: engine.kv_bytes, or engine.kv_memory_fraction of the memory
  * free now less the rank's share of the weight files (for CUDA on every rank's GPU, the
  * smallest of them, since ranks share block ids and so have equal pools; MemAvailable for
- * the host backends, whose simulated ranks share the host). Returns 0 or -errno with err
- * naming the key. */
+ * the host backends, whose simulated ranks share the host, and there at most
+ * 1/HOST_KV_SHARE of it: the host also runs the weights' working set, the activations and
+ * everything else, so 0.9 of it, a GPU's usual share, would starve them). Returns 0 or
+ * -errno with err naming the key. */
 static int kv_budget(const struct sm70__config *c, uint64_t *bytes, struct sm70_err *err)
 {
-	uint64_t avail = UINT64_MAX, used, total, w;
+	uint64_t avail = UINT64_MAX, used, total, w, host_cap;
 	uint32_t ranks = c->tp ? c->tp : 1;
 
 	*bytes = c->engine.kv_bytes;
@@ -370,8 +374,11 @@ static int kv_budget(const struct sm70__config *c, uint64_t *bytes, struct sm70_
 		avail = host_available() / ranks;
 		w /= ranks;
 	}
+	host_cap = strcmp(c->backend, "cuda") == 0 ? UINT64_MAX : avail / HOST_KV_SHARE;
 	avail = avail > w ? avail - w : 0;
 	*bytes = (uint64_t)((double)avail * c->engine.kv_memory_fraction);
+	if (*bytes > host_cap)
+		*bytes = host_cap;
 	if (*bytes < (1u << 16))
 		return sm70_errf(err, -ENOMEM, "engine.kv_memory_fraction: %g of the free memory "
 				 "left after the weights is only %llu bytes",
@@ -388,6 +395,30 @@ static int parse_kv_dtype(const char *s)
 	if (strcmp(s, "fp8") == 0)
 		return SM70_DTYPE_F8E4M3;
 	return SM70_DTYPE_COUNT; /* "auto": the backend's default */
+}
+
+/* Once the model is loaded: one full context (the model's, or limits.max_context_tokens
+ * where lower) should fit the KV cache, or a long job is refused (its prompt) or cut
+ * short (its generation) whatever else runs. Says so in the log and in `status`, with
+ * both figures in tokens and what to change. */
+static void warn_short_kv(struct sm70__daemon *d)
+{
+	const struct sm70__config *c = &d->cfg;
+	int limited = c->limits.max_context_tokens && c->limits.max_context_tokens <
+		      d->max_position;
+	char *w;
+
+	d->context_tokens = limited ? c->limits.max_context_tokens : d->max_position;
+	if (d->kv_tokens >= d->context_tokens || d->n_warnings >= 2)
+		return;
+	w = d->warnings[d->n_warnings++];
+	snprintf(w, sizeof(d->warnings[0]), "the KV cache holds %llu tokens, less than one "
+		 "full context of %u tokens (%s): longer jobs are refused or cut short; raise "
+		 "%s or lower limits.max_context_tokens", (unsigned long long)d->kv_tokens,
+		 d->context_tokens, limited ? "limits.max_context_tokens" :
+		 "the model's max_position_embeddings", c->engine.kv_memory_fraction > 0 ?
+		 "engine.kv_memory_fraction" : "engine.kv_bytes (or use engine.kv_memory_fraction)");
+	sm70__warn("%s", w);
 }
 
 /* ---- signals ------------------------------------------------------------------------- */
@@ -779,6 +810,13 @@ int main(int argc, char **argv)
 		sm70__err("config: %s", err.msg);
 		return 2;
 	}
+	if (d.cfg.engine.kv_memory_fraction > 0)
+		sm70__info("KV cache: %llu MiB per rank (engine.kv_memory_fraction %g of the free "
+			   "%s memory less the weights%s)", (unsigned long long)(d.kv_bytes >> 20),
+			   d.cfg.engine.kv_memory_fraction,
+			   strcmp(d.cfg.backend, "cuda") == 0 ? "GPU" : "host",
+			   strcmp(d.cfg.backend, "cuda") == 0 ? "" :
+			   ", at most a quarter of MemAvailable on a host backend");
 
 	/* Signals arrive through a signalfd; block them before the engine starts its worker
 	 * threads, which inherit the mask. */
@@ -861,6 +899,7 @@ int main(int argc, char **argv)
 	d.vocab_size = (uint32_t)mc->vocab_size;
 	d.max_position = (uint32_t)mc->max_position;
 	d.kv_tokens = (uint64_t)st.kv_blocks_total * d.cfg.engine.block_size;
+	warn_short_kv(&d);
 	d.n_eos = mc->n_eos < 8 ? mc->n_eos : 8;
 	for (int i = 0; i < d.n_eos; i++)
 		d.eos_ids[i] = mc->eos_ids[i];

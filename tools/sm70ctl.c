@@ -394,6 +394,10 @@ static void print_status(json_t *r, json_t *prev)
 	}
 	printf("tokens/s   %.1f (over the last %.1f s)\n", isfinite(rate) ? rate : 0.0,
 	       isfinite(win) ? win : 0.0);
+	/* what the daemon warned of at start-up (a KV cache shorter than one context) */
+	json_array_foreach(json_object_get(r, "warnings"), i, g)
+		if (json_is_string(g))
+			printf("warning    %s\n", json_string_value(g));
 }
 
 static void print_jobs(json_t *r)
