@@ -794,9 +794,11 @@ int main(int argc, char **argv)
 						&name_from);
 		if (!ret)
 			printf("sm70d: configuration OK (%s): model %s (named %s, from %s), "
-			       "backend %s, socket %s, admin socket %s\n", cfg_from,
-			       d.cfg.model_dir, d.model_name, name_from, d.cfg.backend,
-			       d.cfg.socket_path, d.cfg.admin_socket_path);
+			       "backend %s, KV cache %llu MiB per rank%s, socket %s, admin socket "
+			       "%s\n", cfg_from, d.cfg.model_dir, d.model_name, name_from,
+			       d.cfg.backend, (unsigned long long)(d.kv_bytes >> 20),
+			       d.cfg.engine.kv_memory_fraction > 0 ? " (from the free memory now)" :
+			       "", d.cfg.socket_path, d.cfg.admin_socket_path);
 		return ret ? 2 : 0;
 	}
 	if (ret) {
