@@ -15,6 +15,8 @@
 #include "daemon/loop.h"
 #include "daemon/metrics.h"
 
+#define SM70__MAX_WARNINGS 4 /* start-up warnings kept for `status` */
+
 struct sm70__session;
 struct sm70__admin_conn;
 struct sm70__uid_use;
@@ -32,7 +34,7 @@ struct sm70__daemon {
 	/* one full context: max_position, or limits.max_context_tokens where lower */
 	uint32_t context_tokens;
 	/* start-up warnings an operator should see (main.c), for `status` */
-	char warnings[2][320];
+	char warnings[SM70__MAX_WARNINGS][320];
 	int n_warnings;
 	int n_eos;
 	int32_t eos_ids[8];

@@ -409,7 +409,7 @@ static void warn_short_kv(struct sm70__daemon *d)
 	char *w;
 
 	d->context_tokens = limited ? c->limits.max_context_tokens : d->max_position;
-	if (d->kv_tokens >= d->context_tokens || d->n_warnings >= 2)
+	if (d->kv_tokens >= d->context_tokens || d->n_warnings >= SM70__MAX_WARNINGS)
 		return;
 	w = d->warnings[d->n_warnings++];
 	snprintf(w, sizeof(d->warnings[0]), "the KV cache holds %llu tokens, less than one "
@@ -787,19 +787,19 @@ int main(int argc, char **argv)
 	if (o.check_config && !ret)
 		ret = kv_budget(&d.cfg, &d.kv_bytes, &err); /* the KV size against the devices */
 	if (o.check_config) {
-		if (ret)
+		if (ret) {
 			fprintf(stderr, "sm70d: config: %s\n", err.msg);
-		else
-			sm70__model_name_choose(d.cfg.model_name, d.cfg.model_dir, d.model_name,
-						&name_from);
-		if (!ret)
-			printf("sm70d: configuration OK (%s): model %s (named %s, from %s), "
-			       "backend %s, KV cache %llu MiB per rank%s, socket %s, admin socket "
-			       "%s\n", cfg_from, d.cfg.model_dir, d.model_name, name_from,
-			       d.cfg.backend, (unsigned long long)(d.kv_bytes >> 20),
-			       d.cfg.engine.kv_memory_fraction > 0 ? " (from the free memory now)" :
-			       "", d.cfg.socket_path, d.cfg.admin_socket_path);
-		return ret ? 2 : 0;
+			return 2;
+		}
+		sm70__model_name_choose(d.cfg.model_name, d.cfg.model_dir, d.model_name,
+					&name_from);
+		printf("sm70d: configuration OK (%s): model %s (named %s, from %s), backend %s, "
+		       "KV cache %llu MiB per rank%s, socket %s, admin socket %s\n", cfg_from,
+		       d.cfg.model_dir, d.model_name, name_from, d.cfg.backend,
+		       (unsigned long long)(d.kv_bytes >> 20), d.cfg.engine.kv_memory_fraction > 0 ?
+		       " (from the free memory now)" : "", d.cfg.socket_path,
+		       d.cfg.admin_socket_path);
+		return 0;
 	}
 	if (ret) {
 		sm70__err("config: %s", err.msg);
