@@ -110,7 +110,7 @@ static int name_from_checkpoint(json_t *cfg, char *out)
 		memcpy(out, v, n + 1);
 		return 1;
 	}
-	return name_from_path(v, out);
+	return name_from_hf_cache(v, out) || name_from_path(v, out);
 }
 
 void sm70__model_name_choose(const char *configured, const char *dir, char *out,

@@ -6,7 +6,7 @@
  *   1. the config's "model_name";
  *   2. config.json's "_name_or_path" when it names something: a hub id such as
  *      "Qwen/Qwen3-8B" is taken as it is; a filesystem path by its last component,
- *      unless that is generic;
+ *      unless that is generic (a Hugging Face cache snapshot path as in 3);
  *   3. the model directory's last component, unless it is generic; then the last
  *      component of the directory the path resolves to (a symlink such as
  *      /var/lib/sm70/model -> qwen3-8b), unless generic; a Hugging Face cache snapshot

@@ -54,7 +54,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: sm70ctl [--socket ADMIN_PATH] [--json] [-l SECONDS] COMMAND\n"
 		"commands:\n"
-		"  status          model, backend, GPUs, uptime, clients, jobs, KV use, tokens/s\n"
+		"  status          model, backend, GPUs, uptime, clients, jobs, KV use, tokens/s,\n"
+		"                  start-up warnings\n"
 		"  metrics         Prometheus text of every metric\n"
 		"  jobs            unfinished jobs\n"
 		"  clients         client sessions\n"

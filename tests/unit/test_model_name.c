@@ -62,6 +62,10 @@ static void test_rule(void **state)
 	/* a path in _name_or_path: its end, unless generic */
 	make_dir("a/model", "{\"_name_or_path\": \"/data/ckpt/qwen3-4b-ft\"}");
 	expect(NULL, "a/model", "qwen3-4b-ft", "config.json _name_or_path");
+	/* a Hugging Face cache snapshot in _name_or_path */
+	make_dir("f/model", "{\"_name_or_path\": \"/root/.cache/huggingface/hub/"
+		 "models--Qwen--Qwen3-4B/snapshots/1cfa9a7208912126459214e8b04321603b3df60c\"}");
+	expect(NULL, "f/model", "Qwen/Qwen3-4B", "config.json _name_or_path");
 	make_dir("b/model", "{\"_name_or_path\": \"./model\", \"model_type\": \"qwen3_5\"}");
 	expect(NULL, "b/model", "qwen3_5", "config.json model_type");
 	/* a name that cannot go into a label as it is: skipped */
