@@ -37,6 +37,7 @@
 #include "daemon/admin.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "daemon/host_memory.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
 #include "daemon/model_name.h"
@@ -316,26 +317,11 @@ static uint64_t weight_bytes(const char *dir)
 	return sum;
 }
 
-/* MemAvailable from /proc/meminfo in bytes, or 0. */
-static uint64_t host_available(void)
-{
-	char line[256];
-	unsigned long long kb = 0;
-	FILE *f = fopen("/proc/meminfo", "r");
-
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-			break;
-	fclose(f);
-	return (uint64_t)kb * 1024;
-}
-
 /* The KV budget of each rank: engine.kv_bytes, or engine.kv_memory_fraction of the memory
  * free now less the rank's share of the weight files (for CUDA on every rank's GPU, the
- * smallest of them, since ranks share block ids and so have equal pools; MemAvailable for
- * the host backends, whose simulated ranks share the host, and there at most
+ * smallest of them, since ranks share block ids and so have equal pools; for the host
+ * backends, whose simulated ranks share the host, MemAvailable bounded by the memory
+ * cgroup's headroom (host_memory.h), and there at most
  * 1/HOST_KV_SHARE of it: the host also runs the weights' working set, the activations and
  * everything else, so 0.9 of it, a GPU's usual share, would starve them). Returns 0 or
  * -errno with err naming the key. */
@@ -371,7 +357,7 @@ static int kv_budget(const struct sm70__config *c, uint64_t *bytes, struct sm70_
 		}
 		w /= ranks;
 	} else {
-		avail = host_available() / ranks;
+		avail = sm70__host_memory_available(NULL) / ranks;
 		w /= ranks;
 	}
 	host_cap = strcmp(c->backend, "cuda") == 0 ? UINT64_MAX : avail / HOST_KV_SHARE;
@@ -812,13 +798,20 @@ int main(int argc, char **argv)
 		sm70__err("config: %s", err.msg);
 		return 2;
 	}
-	if (d.cfg.engine.kv_memory_fraction > 0)
+	if (d.cfg.engine.kv_memory_fraction > 0 && strcmp(d.cfg.backend, "cuda") == 0) {
 		sm70__info("KV cache: %llu MiB per rank (engine.kv_memory_fraction %g of the free "
-			   "%s memory less the weights%s)", (unsigned long long)(d.kv_bytes >> 20),
-			   d.cfg.engine.kv_memory_fraction,
-			   strcmp(d.cfg.backend, "cuda") == 0 ? "GPU" : "host",
-			   strcmp(d.cfg.backend, "cuda") == 0 ? "" :
-			   ", at most a quarter of MemAvailable on a host backend");
+			   "GPU memory less the weights)", (unsigned long long)(d.kv_bytes >> 20),
+			   d.cfg.engine.kv_memory_fraction);
+	} else if (d.cfg.engine.kv_memory_fraction > 0) {
+		const char *bound;
+		uint64_t avail = sm70__host_memory_available(&bound);
+
+		sm70__info("KV cache: %llu MiB per rank (engine.kv_memory_fraction %g of the free "
+			   "host memory less the weights, at most a quarter of it; free: %llu MiB "
+			   "by %s)", (unsigned long long)(d.kv_bytes >> 20),
+			   d.cfg.engine.kv_memory_fraction, (unsigned long long)(avail >> 20),
+			   bound);
+	}
 
 	/* Signals arrive through a signalfd; block them before the engine starts its worker
 	 * threads, which inherit the mask. */
