@@ -21,6 +21,8 @@ int sm70__model_name_generic(const char *s)
 	};
 	size_t n = strlen(s), hex = 0;
 
+	if (strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
+		return 1; /* --model . : the directory it resolves to has the name */
 	for (int i = 0; generic[i]; i++)
 		if (strcasecmp(s, generic[i]) == 0)
 			return 1;

@@ -13,7 +13,8 @@
  *      (models--ORG--NAME/snapshots/HASH) is named ORG/NAME;
  *   4. config.json's "model_type" (e.g. "qwen3"), else "unnamed".
  * Generic: model, models, snapshot(s), checkpoint(s), ckpt, weights, hf, main, latest,
- * current, default, final, export, output, out, tmp, a bare hex hash of 7 or more digits.
+ * current, default, final, export, output, out, tmp, "." and "..", a bare hex hash of 7
+ * or more digits.
  * A name is 1..63 bytes of printable ASCII without '"' or '\' (it goes into JSON, log
  * lines and Prometheus labels unescaped by the reader's eye); one that is not is skipped.
  * Non-goals: reading anything but config.json; names from tokenizer files or READMEs.

@@ -56,6 +56,8 @@ static void test_rule(void **state)
 	expect(NULL, "qwen3-8b", "qwen3-8b", "the directory");
 	expect("", "qwen3-8b/", "qwen3-8b", "the directory");
 	expect("prod-chat", "qwen3-8b", "prod-chat", "model_name");
+	/* "." says nothing; the directory it resolves to does */
+	expect(NULL, "qwen3-8b/.", "qwen3-8b", "the directory's target");
 
 	make_dir("model", "{\"_name_or_path\": \"Qwen/Qwen3-8B\", \"model_type\": \"qwen3\"}");
 	expect(NULL, "model", "Qwen/Qwen3-8B", "config.json _name_or_path");
