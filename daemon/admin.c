@@ -20,6 +20,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "daemon/build_info.h"
 #include "daemon/log.h"
 #include "daemon/scheduler.h"
 #include "daemon/session.h"
@@ -407,7 +408,7 @@ static json_t *cmd_status(struct sm70__daemon *d)
 	struct sm70_engine_stats st;
 	uint32_t clients = 0, queued = 0;
 	double window, rate = sm70__metrics_token_rate(&d->metrics, now, &window);
-	json_t *gpus = json_array(), *r;
+	json_t *gpus = json_array(), *r, *warn;
 
 	memset(&st, 0, sizeof(st));
 	if (d->engine)
@@ -465,6 +466,13 @@ static json_t *cmd_status(struct sm70__daemon *d)
 		json_object_set_new(r, "pinned_host_bytes",
 				    json_integer((json_int_t)st.pinned_bytes));
 		json_object_set_new(r, "prefix_cache", json_boolean(!st.prefix_cache_off));
+		json_object_set_new(r, "context_tokens", json_integer(d->context_tokens));
+		json_object_set_new(r, "version", json_string(sm70__build_version));
+		json_object_set_new(r, "git", json_string(sm70__build_git));
+		warn = json_array();
+		for (int i = 0; i < d->n_warnings; i++)
+			json_array_append_new(warn, json_string(d->warnings[i]));
+		json_object_set_new(r, "warnings", warn);
 		if (st.prefix_cache_off)
 			json_object_set_new(r, "prefix_cache_off_reason",
 					    json_string(st.prefix_cache_off));

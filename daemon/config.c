@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/model_name.h"
 #include "shm_proto/sm70_proto.h"
 
 /* A config file larger than this is certainly a mistake (a model file, say). */
@@ -34,6 +35,7 @@ enum key_type {
 	K_FRAC,	  /* a number in (0, 1], stored as double */
 	K_PATH,	  /* a socket path: string, shorter than sun_path */
 	K_DIR,	  /* a directory path: string, shorter than SM70__CFG_DIR_MAX */
+	K_NAME,	  /* a model name: 1..63 bytes of printable ASCII, no '"' or '\\' */
 	K_CHOICE, /* one of `choices`, copied into a char[SM70__CFG_WORD] */
 	K_MODE,	  /* a file mode: integer or octal string such as "0660" */
 	K_UIDS,	  /* list of uids: integers or user names */
@@ -133,6 +135,7 @@ static const struct key rings_keys[] = {
 
 static const struct key top_keys[] = {
 	STR("model", K_DIR, model_dir),
+	STR("model_name", K_NAME, model_name),
 	CHOICE("backend", backend, backends),
 	CHOICE("load_format", load_format, load_formats),
 	{ "gpus", K_LIST, AT(gpus), 0, 255, NULL, NULL, AT(n_gpus), SM70__CFG_MAX_GPUS },
@@ -336,6 +339,16 @@ static int parse_key(void *basep, const struct key *k, json_t *v, const char *ke
 		if (!s || !*s || strlen(s) >= cap)
 			return sm70_errf(err, -EINVAL, "%s: must be a path shorter than %zu bytes",
 					 key, cap);
+		strcpy(base + k->off, s);
+		return 0;
+	}
+	case K_NAME: {
+		const char *s = json_string_value(v);
+
+		if (!s || !sm70__model_name_valid(s, strlen(s)))
+			return sm70_errf(err, -EINVAL, "%s: must be a string of 1 to %d printable "
+					 "ASCII characters without '\"' or '\\', e.g. \"qwen3-8b\"",
+					 key, SM70__MODEL_NAME_MAX - 1);
 		strcpy(base + k->off, s);
 		return 0;
 	}

@@ -55,6 +55,8 @@ struct sm70__cfg_override {
 struct sm70__config {
 	/* the model and where it runs */
 	char model_dir[SM70__CFG_DIR_MAX]; /* "" until the file or --model sets it */
+	/* "" (unset): the name comes from the checkpoint or the directory (model_name.h) */
+	char model_name[64];
 	char backend[SM70__CFG_WORD];	   /* "cpu" (default), "cuda" or "null" */
 	char load_format[SM70__CFG_WORD];  /* "auto" (default) or "dummy" */
 	uint32_t gpus[SM70__CFG_MAX_GPUS]; /* CUDA device ids, rank order (the first tp used) */

@@ -15,6 +15,8 @@
 #include "daemon/loop.h"
 #include "daemon/metrics.h"
 
+#define SM70__MAX_WARNINGS 4 /* start-up warnings kept for `status` */
+
 struct sm70__session;
 struct sm70__admin_conn;
 struct sm70__uid_use;
@@ -29,6 +31,11 @@ struct sm70__daemon {
 	uint32_t vocab_size;
 	uint32_t max_position;
 	uint64_t kv_tokens; /* KV cache capacity in tokens */
+	/* one full context: max_position, or limits.max_context_tokens where lower */
+	uint32_t context_tokens;
+	/* start-up warnings an operator should see (main.c), for `status` */
+	char warnings[SM70__MAX_WARNINGS][320];
+	int n_warnings;
 	int n_eos;
 	int32_t eos_ids[8];
 

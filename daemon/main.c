@@ -37,8 +37,10 @@
 #include "daemon/admin.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "daemon/host_memory.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
+#include "daemon/model_name.h"
 #include "daemon/scheduler.h"
 #include "daemon/session.h"
 
@@ -50,6 +52,8 @@
 #define LOAD_TICK_US 1000000ull
 #define LOAD_LOG_US 10000000ull
 #define LOAD_FIRST_US 50000ull /* how often to look for the total before it is known */
+/* engine.kv_memory_fraction on the host backends: at most this part of MemAvailable */
+#define HOST_KV_SHARE 4
 
 uint64_t sm70__now_us(void)
 {
@@ -169,20 +173,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		return -1;
 	}
 	return 0;
-}
-
-static void set_model_name(struct sm70__daemon *d, const char *dir)
-{
-	char tmp[SM70__CFG_DIR_MAX];
-	size_t n;
-	const char *base;
-
-	snprintf(tmp, sizeof(tmp), "%s", dir);
-	n = strlen(tmp);
-	while (n > 1 && tmp[n - 1] == '/')
-		tmp[--n] = '\0';
-	base = strrchr(tmp, '/');
-	snprintf(d->model_name, sizeof(d->model_name), "%s", base ? base + 1 : tmp);
 }
 
 /* ---- configuration ------------------------------------------------------------------- */
@@ -328,30 +318,17 @@ static uint64_t weight_bytes(const char *dir)
 	return sum;
 }
 
-/* MemAvailable from /proc/meminfo in bytes, or 0. */
-static uint64_t host_available(void)
-{
-	char line[256];
-	unsigned long long kb = 0;
-	FILE *f = fopen("/proc/meminfo", "r");
-
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-			break;
-	fclose(f);
-	return (uint64_t)kb * 1024;
-}
-
 /* The KV budget of each rank: engine.kv_bytes, or engine.kv_memory_fraction of the memory
  * free now less the rank's share of the weight files (for CUDA on every rank's GPU, the
- * smallest of them, since ranks share block ids and so have equal pools; MemAvailable for
- * the host backends, whose simulated ranks share the host). Returns 0 or -errno with err
- * naming the key. */
+ * smallest of them, since ranks share block ids and so have equal pools; for the host
+ * backends, whose simulated ranks share the host, MemAvailable bounded by the memory
+ * cgroup's headroom (host_memory.h), and there at most
+ * 1/HOST_KV_SHARE of it: the host also runs the weights' working set, the activations and
+ * everything else, so 0.9 of it, a GPU's usual share, would starve them). Returns 0 or
+ * -errno with err naming the key. */
 static int kv_budget(const struct sm70__config *c, uint64_t *bytes, struct sm70_err *err)
 {
-	uint64_t avail = UINT64_MAX, used, total, w;
+	uint64_t avail = UINT64_MAX, used, total, w, host_cap;
 	uint32_t ranks = c->tp ? c->tp : 1;
 
 	*bytes = c->engine.kv_bytes;
@@ -381,11 +358,14 @@ static int kv_budget(const struct sm70__config *c, uint64_t *bytes, struct sm70_
 		}
 		w /= ranks;
 	} else {
-		avail = host_available() / ranks;
+		avail = sm70__host_memory_available(NULL) / ranks;
 		w /= ranks;
 	}
+	host_cap = strcmp(c->backend, "cuda") == 0 ? UINT64_MAX : avail / HOST_KV_SHARE;
 	avail = avail > w ? avail - w : 0;
 	*bytes = (uint64_t)((double)avail * c->engine.kv_memory_fraction);
+	if (*bytes > host_cap)
+		*bytes = host_cap;
 	if (*bytes < (1u << 16))
 		return sm70_errf(err, -ENOMEM, "engine.kv_memory_fraction: %g of the free memory "
 				 "left after the weights is only %llu bytes",
@@ -402,6 +382,30 @@ static int parse_kv_dtype(const char *s)
 	if (strcmp(s, "fp8") == 0)
 		return SM70_DTYPE_F8E4M3;
 	return SM70_DTYPE_COUNT; /* "auto": the backend's default */
+}
+
+/* Once the model is loaded: one full context (the model's, or limits.max_context_tokens
+ * where lower) should fit the KV cache, or a long job is refused (its prompt) or cut
+ * short (its generation) whatever else runs. Says so in the log and in `status`, with
+ * both figures in tokens and what to change. */
+static void warn_short_kv(struct sm70__daemon *d)
+{
+	const struct sm70__config *c = &d->cfg;
+	int limited = c->limits.max_context_tokens && c->limits.max_context_tokens <
+		      d->max_position;
+	char *w;
+
+	d->context_tokens = limited ? c->limits.max_context_tokens : d->max_position;
+	if (d->kv_tokens >= d->context_tokens || d->n_warnings >= SM70__MAX_WARNINGS)
+		return;
+	w = d->warnings[d->n_warnings++];
+	snprintf(w, sizeof(d->warnings[0]), "the KV cache holds %llu tokens, less than one "
+		 "full context of %u tokens (%s): longer jobs are refused or cut short; raise "
+		 "%s or lower limits.max_context_tokens", (unsigned long long)d->kv_tokens,
+		 d->context_tokens, limited ? "limits.max_context_tokens" :
+		 "the model's max_position_embeddings", c->engine.kv_memory_fraction > 0 ?
+		 "engine.kv_memory_fraction" : "engine.kv_bytes (or use engine.kv_memory_fraction)");
+	sm70__warn("%s", w);
 }
 
 /* ---- signals ------------------------------------------------------------------------- */
@@ -751,7 +755,7 @@ int main(int argc, char **argv)
 	struct watchdog wd = { 0 };
 	struct sm70__watch *sig_watch = NULL;
 	const struct sm70_model_config *mc;
-	const char *cfg_from = NULL;
+	const char *cfg_from = NULL, *name_from = NULL;
 	sigset_t mask;
 	uint64_t usec = 0;
 	int ret, code = 2;
@@ -770,13 +774,19 @@ int main(int argc, char **argv)
 	if (o.check_config && !ret)
 		ret = kv_budget(&d.cfg, &d.kv_bytes, &err); /* the KV size against the devices */
 	if (o.check_config) {
-		if (ret)
+		if (ret) {
 			fprintf(stderr, "sm70d: config: %s\n", err.msg);
-		else
-			printf("sm70d: configuration OK (%s): model %s, backend %s, socket %s, "
-			       "admin socket %s\n", cfg_from, d.cfg.model_dir, d.cfg.backend,
-			       d.cfg.socket_path, d.cfg.admin_socket_path);
-		return ret ? 2 : 0;
+			return 2;
+		}
+		sm70__model_name_choose(d.cfg.model_name, d.cfg.model_dir, d.model_name,
+					&name_from);
+		printf("sm70d: configuration OK (%s): model %s (named %s, from %s), backend %s, "
+		       "KV cache %llu MiB per rank%s, socket %s, admin socket %s\n", cfg_from,
+		       d.cfg.model_dir, d.model_name, name_from, d.cfg.backend,
+		       (unsigned long long)(d.kv_bytes >> 20), d.cfg.engine.kv_memory_fraction > 0 ?
+		       " (from the free memory now)" : "", d.cfg.socket_path,
+		       d.cfg.admin_socket_path);
+		return 0;
 	}
 	if (ret) {
 		sm70__err("config: %s", err.msg);
@@ -788,6 +798,20 @@ int main(int argc, char **argv)
 	if (ret) {
 		sm70__err("config: %s", err.msg);
 		return 2;
+	}
+	if (d.cfg.engine.kv_memory_fraction > 0 && strcmp(d.cfg.backend, "cuda") == 0) {
+		sm70__info("KV cache: %llu MiB per rank (engine.kv_memory_fraction %g of the free "
+			   "GPU memory less the weights)", (unsigned long long)(d.kv_bytes >> 20),
+			   d.cfg.engine.kv_memory_fraction);
+	} else if (d.cfg.engine.kv_memory_fraction > 0) {
+		const char *bound;
+		uint64_t avail = sm70__host_memory_available(&bound);
+
+		sm70__info("KV cache: %llu MiB per rank (engine.kv_memory_fraction %g of the free "
+			   "host memory less the weights, at most a quarter of it; free: %llu MiB "
+			   "by %s)", (unsigned long long)(d.kv_bytes >> 20),
+			   d.cfg.engine.kv_memory_fraction, (unsigned long long)(avail >> 20),
+			   bound);
 	}
 
 	/* Signals arrive through a signalfd; block them before the engine starts its worker
@@ -813,7 +837,8 @@ int main(int argc, char **argv)
 	}
 	d.now_us = sm70__now_us();
 	sm70__metrics_init(&d.metrics, d.now_us);
-	set_model_name(&d, d.cfg.model_dir);
+	sm70__model_name_choose(d.cfg.model_name, d.cfg.model_dir, d.model_name, &name_from);
+	sm70__info("model name %s (from %s)", d.model_name, name_from);
 	code = 2;
 	ret = sm70__listener_open(&d, &err);
 	if (ret) {
@@ -870,6 +895,7 @@ int main(int argc, char **argv)
 	d.vocab_size = (uint32_t)mc->vocab_size;
 	d.max_position = (uint32_t)mc->max_position;
 	d.kv_tokens = (uint64_t)st.kv_blocks_total * d.cfg.engine.block_size;
+	warn_short_kv(&d);
 	d.n_eos = mc->n_eos < 8 ? mc->n_eos : 8;
 	for (int i = 0; i < d.n_eos; i++)
 		d.eos_ids[i] = mc->eos_ids[i];

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "daemon/build_info.h"
 #include "daemon/daemon.h"
 #include "daemon/session.h"
 
@@ -40,6 +41,25 @@ void sm70__metrics_init(struct sm70__metrics *m, uint64_t now_us)
 	m->itl.n_bounds = N_OF(itl_bounds);
 	m->duration.bounds = duration_bounds;
 	m->duration.n_bounds = N_OF(duration_bounds);
+	/* queueing and prefill span TTFT's range between them, decode the request's */
+	m->queue.bounds = ttft_bounds;
+	m->queue.n_bounds = N_OF(ttft_bounds);
+	m->prefill.bounds = ttft_bounds;
+	m->prefill.n_bounds = N_OF(ttft_bounds);
+	m->decode.bounds = duration_bounds;
+	m->decode.n_bounds = N_OF(duration_bounds);
+}
+
+void sm70__metrics_job_times(struct sm70__metrics *m, uint64_t t_accept, uint64_t t_sched,
+			     uint64_t t_first, uint64_t t_last)
+{
+	if (!t_sched)
+		return; /* ended in its client's queue: neither prefilled nor decoded */
+	sm70__hist_observe(&m->queue, (double)(t_sched - t_accept) * 1e-6);
+	if (!t_first)
+		return;
+	sm70__hist_observe(&m->prefill, (double)(t_first - t_sched) * 1e-6);
+	sm70__hist_observe(&m->decode, (double)(t_last - t_first) * 1e-6);
 }
 
 void sm70__hist_observe(struct sm70__hist *h, double seconds)
@@ -238,6 +258,33 @@ int sm70__metrics_render(struct sm70__daemon *d, char *buf, size_t size)
 	     "for the same job.", &m->itl);
 	hist(&o, "sm70_request_duration_seconds", "Time from accepting a job to its final "
 	     "event, whatever the reason.", &m->duration);
+	hist(&o, "sm70_request_queue_seconds", "Time a job waited between acceptance and "
+	     "entering the engine (observed when it ends, for jobs that entered it).", &m->queue);
+	hist(&o, "sm70_request_prefill_seconds", "Time from entering the engine to the first "
+	     "token posted: the prefill and any wait for a batch slot (jobs with a token).",
+	     &m->prefill);
+	hist(&o, "sm70_request_decode_seconds", "Time from the first token posted to the last "
+	     "(jobs with a token).", &m->decode);
+
+	head(&o, "sm70_build_info", "gauge", "Always 1; the labels say what this sm70d was "
+	     "built from: release, git revision, the backend it runs, the CUDA release of the "
+	     "build (none without CUDA).");
+	put(&o, "sm70_build_info{version=\"%s\",git=\"%s\",backend=\"%s\",cuda=\"%s\"} 1\n",
+	    sm70__build_version, sm70__build_git, d->cfg.backend, sm70__build_cuda);
+	/* The model's name as an info metric rather than a label on every series: one daemon
+	 * serves one model, and a renamed model keeps every other series (join with
+	 * `* on(instance) group_left(model) sm70_model_info`). The name cannot hold '"' or
+	 * '\' (model_name.h), so it needs no escaping. */
+	head(&o, "sm70_model_info", "gauge", "Always 1; the labels name the model served "
+	     "(model_name, else from the checkpoint), its backend and tensor-parallel ranks.");
+	put(&o, "sm70_model_info{model=\"%s\",backend=\"%s\",tp=\"%u\"} 1\n", d->model_name,
+	    d->cfg.backend, d->cfg.tp);
+	scalar(&o, "sm70_kv_cache_tokens", "gauge", "Tokens the KV cache holds over all "
+	       "sequences (0 while loading).", (double)d->kv_tokens);
+	scalar(&o, "sm70_model_context_tokens", "gauge", "One full context: the model's "
+	       "max_position_embeddings, or limits.max_context_tokens where lower (0 while "
+	       "loading); above sm70_kv_cache_tokens, a long job cannot fit.",
+	       (double)d->context_tokens);
 
 	scalar(&o, "sm70_requests_running", "gauge", "Jobs in the engine's running batch.",
 	       st.running);
@@ -273,6 +320,16 @@ int sm70__metrics_render(struct sm70__daemon *d, char *buf, size_t size)
 	       "the engine.", (double)m->prompt_tokens);
 	scalar(&o, "sm70_generation_tokens_total", "counter", "Tokens generated for jobs.",
 	       (double)m->generation_tokens);
+	scalar(&o, "sm70_prefix_cache_queries_total", "counter", "Prefix-cache lookups: one per "
+	       "admission of a job while the cache is on (a preempted job readmitted looks up "
+	       "again).", (double)st.prefix_queries);
+	scalar(&o, "sm70_prefix_cache_query_tokens_total", "counter", "Tokens of the sequences "
+	       "looked up (the denominator of a token hit rate).",
+	       (double)st.prefix_query_tokens);
+	scalar(&o, "sm70_prefix_cache_hits_total", "counter", "Lookups that found at least one "
+	       "cached block.", (double)st.prefix_hits);
+	scalar(&o, "sm70_prefix_cache_hit_blocks_total", "counter", "KV blocks the lookups found "
+	       "in the prefix cache.", (double)st.prefix_hit_blocks);
 	scalar(&o, "sm70_prefix_cache_hit_tokens_total", "counter", "Prompt tokens whose KV came "
 	       "from the prefix cache instead of being computed.", (double)st.prefix_hit_tokens);
 	scalar(&o, "sm70_prefix_cache_enabled", "gauge", "1 when the prefix cache is on; 0 when "

@@ -36,6 +36,10 @@ struct sm70__metrics {
 	struct sm70__hist ttft;	    /* accepted -> first token posted */
 	struct sm70__hist itl;	    /* between two tokens posted for the same job */
 	struct sm70__hist duration; /* accepted -> final event */
+	/* each job's phases, observed at its end (the times its FINISH usage reports) */
+	struct sm70__hist queue;   /* accepted -> handed to the engine */
+	struct sm70__hist prefill; /* handed to the engine -> first token posted */
+	struct sm70__hist decode;  /* first -> last token posted */
 	uint64_t prompt_tokens;	    /* prompt tokens of jobs that entered the engine */
 	uint64_t generation_tokens; /* tokens the engine generated for jobs */
 	uint64_t finished[SM70_PROTO_FINISH_ERROR + 1]; /* by finish reason */
@@ -58,6 +62,12 @@ void sm70__hist_observe(struct sm70__hist *h, double seconds);
 
 /* A job ended with protocol finish reason `reason` (SM70_PROTO_FINISH_*). */
 void sm70__metrics_finished(struct sm70__metrics *m, unsigned int reason);
+
+/* A job ended: observes its queue wait (if it reached the engine), prefill (if it got a
+ * first token) and decode time; the arguments are its CLOCK_MONOTONIC stamps in us, 0
+ * for a phase it never reached. */
+void sm70__metrics_job_times(struct sm70__metrics *m, uint64_t t_accept, uint64_t t_sched,
+			     uint64_t t_first, uint64_t t_last);
 
 /* The daemon sent error `code` (SM70_PROTO_E_*) to a client: an ERROR event, a refused
  * connection, or a FINISH carrying an error. */

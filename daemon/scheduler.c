@@ -128,6 +128,8 @@ static void finish_job(struct sm70__daemon *d, struct sm70__job *j, uint16_t rea
 	if (j->kill != SM70__KILL_HANGUP)
 		sm70__session_post(d, s, &ev, 0);
 	sm70__hist_observe(&d->metrics.duration, (double)(sm70__now_us() - j->t_accept_us) * 1e-6);
+	sm70__metrics_job_times(&d->metrics, j->t_accept_us, j->t_sched_us, j->t_first_us,
+				j->t_last_us);
 	sm70__metrics_finished(&d->metrics, reason);
 	if (error)
 		sm70__metrics_client_error(&d->metrics, error);

@@ -54,7 +54,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: sm70ctl [--socket ADMIN_PATH] [--json] [-l SECONDS] COMMAND\n"
 		"commands:\n"
-		"  status          model, backend, GPUs, uptime, clients, jobs, KV use, tokens/s\n"
+		"  status          model, backend, GPUs, uptime, clients, jobs, KV use, tokens/s,\n"
+		"                  start-up warnings\n"
 		"  metrics         Prometheus text of every metric\n"
 		"  jobs            unfinished jobs\n"
 		"  clients         client sessions\n"
@@ -394,6 +395,10 @@ static void print_status(json_t *r, json_t *prev)
 	}
 	printf("tokens/s   %.1f (over the last %.1f s)\n", isfinite(rate) ? rate : 0.0,
 	       isfinite(win) ? win : 0.0);
+	/* what the daemon warned of at start-up (a KV cache shorter than one context) */
+	json_array_foreach(json_object_get(r, "warnings"), i, g)
+		if (json_is_string(g))
+			printf("warning    %s\n", json_string_value(g));
 }
 
 static void print_jobs(json_t *r)

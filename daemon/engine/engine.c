@@ -677,7 +677,8 @@ void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats
 	s->prefix_evictions = e->pool.evictions;
 	s->prefix_key_mismatches = e->pool.key_mismatches;
 	s->weight_bytes = sm70_model_weight_bytes(e->model);
-	s->expert_bytes = sm70_model_expert_bytes(e->model);
+	/* expert_bytes is the step's (sm70_engine_step keeps it): reading the counts here
+	 * would download from the device, a synchronisation on every status call */
 	s->tp = e->model->tp;
 	s->clamped_weights = e->model->clamped_values;
 	s->graph_replays = e->model->graph_replays;
@@ -875,6 +876,12 @@ static int admit(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		s->serial = serial;
 		if (s->n_gen == 0) /* first admission, not a recompute after preemption */
 			s->cached_tokens = s->n_cached < s->n_prompt ? s->n_cached : s->n_prompt;
+		if (e->pool.caching) {
+			e->stats.prefix_queries++;
+			e->stats.prefix_query_tokens += (uint64_t)s->n_toks;
+			e->stats.prefix_hits += hits > 0;
+			e->stats.prefix_hit_blocks += (uint64_t)hits;
+		}
 		e->stats.prefix_hit_tokens += (uint64_t)s->n_cached;
 		for (int i = hits; i < need; i++)
 			seq_add_block(e, s); /* cannot fail: checked above */
@@ -1040,6 +1047,11 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 	if (ret)
 		return ret;
 	e->stats.steps++;
+	/* The experts this step's routing read: the counts are on the device, and the step
+	 * has waited for it already (its sampled tokens), so the download waits for nothing
+	 * but the copy. Kept here so that sm70_engine_get_stats never touches the device. */
+	if (c->moe.n_moe_layers)
+		e->stats.expert_bytes = sm70_model_expert_bytes(e->model);
 
 	/* Sample in batch order; finished sequences leave the running set afterwards. */
 	for (int j = 0, o = 0; j < S; j++) {

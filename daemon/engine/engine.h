@@ -131,12 +131,21 @@ struct sm70_engine_stats {
 	uint64_t generated_tokens;
 	uint64_t errors;          /* requests ended by non-finite logits */
 	uint64_t computed_tokens; /* tokens run through the model */
+	/* The prefix cache, counted at each admission while it is on (a preempted request
+	 * readmitted is looked up, and counts, again): lookups, the tokens they looked up
+	 * (prompt plus any tokens generated before a preemption), lookups that found at least
+	 * one block, the blocks found and their tokens. */
+	uint64_t prefix_queries;
+	uint64_t prefix_query_tokens;
+	uint64_t prefix_hits;
+	uint64_t prefix_hit_blocks;
 	uint64_t prefix_hit_tokens; /* tokens whose KV the prefix cache supplied */
 	uint64_t prefix_evictions;
 	uint64_t prefix_key_mismatches; /* keys found whose block held other tokens (a hash
 					 * collision: expected never; each was a miss) */
 	uint64_t weight_bytes;    /* bytes of weights one decode step reads, experts aside */
-	uint64_t expert_bytes;    /* bytes of the MoE experts the last step read (their routing) */
+	uint64_t expert_bytes;    /* bytes of the MoE experts the last step read (their routing);
+				   * kept by the step, so reading the stats never syncs a device */
 	uint64_t clamped_weights; /* weights clamped to the f16 range when loaded */
 	uint64_t graph_replays;   /* decode steps replayed as captured graphs */
 	uint64_t graph_captures;
@@ -194,6 +203,8 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx);
 /* Whether any request is waiting or running. */
 int sm70_engine_busy(const struct sm70_engine *e);
 
+/* Fills s from counters the engine keeps on the host: no device call, no synchronisation
+ * (a status or metrics read costs microseconds whatever the backend is doing). */
 void sm70_engine_get_stats(const struct sm70_engine *e, struct sm70_engine_stats *s);
 
 #endif

@@ -1,7 +1,10 @@
 /*
  * test_metrics - sm70d's metrics and admin socket against a real daemon (CPU backend, tiny
- * fixture): counters and histograms agree with what clients saw, cancelling frees the KV
- * cache, and sm70ctl's commands, --json output and exit codes.
+ * fixture): counters and histograms agree with what clients saw (the queue, prefill and
+ * decode histograms add up to TTFT and inter-token time), the prefix-cache counters count
+ * a repeated prompt, build and model info carry the configured model name (which status
+ * and the client's welcome show too), cancelling frees the KV cache, and sm70ctl's
+ * commands, --json output and exit codes.
  */
 #include <errno.h>
 #include <math.h>
@@ -29,13 +32,15 @@
 #define WARM_TOKENS 8
 #define PROMPT_LEN 24
 #define GEN_TOKENS 128
+#define MODEL_NAME "tiny/qwen3-test"
 
 static struct sm70t_daemon T;
 static char admin_path[108]; /* sizeof(sun_path) */
 
 /* max_seqs 2: later jobs queue behind earlier ones, so TTFTs are long enough (several
  * engine steps) that a few microseconds of wakeup latency do not matter. */
-static const char config_json[] = "{\"engine\": {\"max_seqs\": 2, \"feed_depth\": 1}}";
+static const char config_json[] = "{\"engine\": {\"max_seqs\": 2, \"feed_depth\": 1},"
+				   " \"model_name\": \"" MODEL_NAME "\"}";
 
 static double now_s(void)
 {
@@ -297,6 +302,49 @@ static void test_counters_and_histograms(void **state)
 	assert_non_null(strstr(text, "# TYPE sm70_gpu_memory_used_bytes gauge\n"));
 	assert_null(strstr(text, "sm70_gpu_memory_used_bytes{")); /* none on the CPU backend */
 
+	/* every job entered the engine and got tokens: one observation each; the phases
+	 * split TTFT (queue + prefill) and the inter-token time (decode) exactly */
+	assert_true(sample(text, "sm70_request_queue_seconds_count") == N_JOBS + 1);
+	assert_true(sample(text, "sm70_request_prefill_seconds_count") == N_JOBS + 1);
+	assert_true(sample(text, "sm70_request_decode_seconds_count") == N_JOBS + 1);
+	assert_true(sample(text, "sm70_request_decode_seconds_bucket{le=\"+Inf\"}") == N_JOBS + 1);
+	{
+		double q = sample(text, "sm70_request_queue_seconds_sum");
+		double p = sample(text, "sm70_request_prefill_seconds_sum");
+		double dec = sample(text, "sm70_request_decode_seconds_sum");
+		double ttft = sample(text, "sm70_time_to_first_token_seconds_sum");
+		double itl = sample(text, "sm70_inter_token_latency_seconds_sum");
+
+		printf("phases: queue %.4f s + prefill %.4f s = %.4f s (TTFT sum %.4f s); decode "
+		       "%.4f s (ITL sum %.4f s)\n", q, p, q + p, ttft, dec, itl);
+		/* max_seqs 2 and feed_depth 1: most jobs waited in their client's queue */
+		assert_true(q > 0 && p > 0 && dec > 0);
+		assert_true(fabs(q + p - ttft) <= 1e-5 * (N_JOBS + 1) + 1e-6 * ttft);
+		assert_true(fabs(dec - itl) <= 1e-5 * (N_JOBS + 1) + 1e-6 * itl);
+	}
+	/* the prefix cache was asked at each admission; the prompts differ: no hits */
+	assert_true(sample(text, "sm70_prefix_cache_queries_total") == N_JOBS + 1);
+	assert_true(sample(text, "sm70_prefix_cache_query_tokens_total") ==
+		    (N_JOBS + 1) * PROMPT_LEN);
+	assert_true(sample(text, "sm70_prefix_cache_hits_total") == 0);
+	assert_true(sample(text, "sm70_prefix_cache_hit_blocks_total") == 0);
+	assert_true(sample(text, "sm70_model_info{model=\"" MODEL_NAME "\",backend=\"cpu\","
+			   "tp=\"1\"}") == 1);
+	assert_true(sample(text, "sm70_model_context_tokens") == 4096);
+	assert_true(sample(text, "sm70_kv_cache_tokens") > 4096);
+	{
+		const char *b = strstr(text, "\nsm70_build_info{version=\"");
+		char line[256];
+
+		assert_non_null(b);
+		sscanf(b + 1, "%255[^\n]", line);
+		printf("build: %s\n", line);
+		assert_non_null(strstr(line, "\",git=\""));
+		assert_non_null(strstr(line, ",backend=\"cpu\",cuda=\""));
+		assert_null(strstr(line, "=\"\"")); /* no empty label */
+		assert_true(strcmp(line + strlen(line) - 3, "} 1") == 0);
+	}
+
 	ttft_d = sample(text, "sm70_time_to_first_token_seconds_sum") - ttft0;
 	itl_d = sample(text, "sm70_inter_token_latency_seconds_sum") - itl0;
 	printf("TTFT sum: daemon %.4f s, client %.4f s (%.1f%%); ITL sum: daemon %.4f s, "
@@ -368,6 +416,49 @@ static void test_cancel_frees_kv(void **state)
 	sm70_client_close(c);
 }
 
+/* The same prompt twice: the second admission finds the first's full block. And the
+ * welcome names the model as configured. */
+static void test_prefix_hits_and_name(void **state)
+{
+	struct sm70_client *c = connect_ok();
+	struct sm70_client_info info = { .size = sizeof(info) };
+	struct sm70_result res = { .size = sizeof(res) };
+	uint32_t prompt[PROMPT_LEN];
+	double q0, qt0, h0, hb0, ht0;
+	struct sm70_job j;
+	char *text;
+
+	assert_int_equal(sm70_client_info(c, &info), 0);
+	assert_string_equal(info.model_name, MODEL_NAME);
+	text = metrics_text();
+	q0 = sample(text, "sm70_prefix_cache_queries_total");
+	qt0 = sample(text, "sm70_prefix_cache_query_tokens_total");
+	h0 = sample(text, "sm70_prefix_cache_hits_total");
+	hb0 = sample(text, "sm70_prefix_cache_hit_blocks_total");
+	ht0 = sample(text, "sm70_prefix_cache_hit_tokens_total");
+	free(text);
+	for (int run = 0; run < 2; run++) {
+		make_job(&j, prompt, 300, 4);
+		assert_int_equal(sm70_generate(c, &j, NULL, NULL, &res), 0);
+	}
+	text = metrics_text();
+	printf("prefix cache after one prompt twice: %.0f queries of %.0f tokens, %.0f hits, "
+	       "%.0f blocks, %.0f tokens\n", sample(text, "sm70_prefix_cache_queries_total") - q0,
+	       sample(text, "sm70_prefix_cache_query_tokens_total") - qt0,
+	       sample(text, "sm70_prefix_cache_hits_total") - h0,
+	       sample(text, "sm70_prefix_cache_hit_blocks_total") - hb0,
+	       sample(text, "sm70_prefix_cache_hit_tokens_total") - ht0);
+	assert_true(sample(text, "sm70_prefix_cache_queries_total") - q0 == 2);
+	assert_true(sample(text, "sm70_prefix_cache_query_tokens_total") - qt0 == 2 * PROMPT_LEN);
+	assert_true(sample(text, "sm70_prefix_cache_hits_total") - h0 == 1);
+	/* block size 16: one full block ends before the 24-token prompt's last token */
+	assert_true(sample(text, "sm70_prefix_cache_hit_blocks_total") - hb0 == 1);
+	assert_true(sample(text, "sm70_prefix_cache_hit_tokens_total") - ht0 == 16);
+	assert_int_equal(res.usage.cached_tokens, 16);
+	free(text);
+	sm70_client_close(c);
+}
+
 static void test_sm70ctl(void **state)
 {
 	static char out[65536];
@@ -380,8 +471,10 @@ static void test_sm70ctl(void **state)
 	r = json_loads(out, 0, NULL);
 	assert_non_null(r);
 	assert_string_equal(json_string_value(json_object_get(r, "backend")), "cpu");
-	assert_string_equal(json_string_value(json_object_get(r, "model")),
-			    "qwen3-gqa2-d64-tied");
+	assert_string_equal(json_string_value(json_object_get(r, "model")), MODEL_NAME);
+	assert_int_equal(json_integer_value(json_object_get(r, "context_tokens")), 4096);
+	assert_int_equal(json_array_size(json_object_get(r, "warnings")), 0);
+	assert_non_null(json_string_value(json_object_get(r, "version")));
 	assert_true(json_is_true(json_object_get(r, "ready")));
 	assert_true(json_integer_value(json_object_get(r, "generation_tokens_total")) >=
 		    N_JOBS * GEN_TOKENS + WARM_TOKENS + 40);
@@ -500,6 +593,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_counters_and_histograms),
 		cmocka_unit_test(test_cancel_frees_kv),
+		cmocka_unit_test(test_prefix_hits_and_name),
 		cmocka_unit_test(test_sm70ctl),
 		cmocka_unit_test(test_drain),
 	};

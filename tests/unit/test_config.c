@@ -88,7 +88,8 @@ static void test_every_key(void **state)
 	struct sm70__config c;
 	struct sm70_err err;
 	const char *text =
-		"{\"model\": \"" MODEL "\", \"backend\": \"cuda\", \"load_format\": \"dummy\","
+		"{\"model\": \"" MODEL "\", \"model_name\": \"Qwen/Qwen3-8B prod\","
+		" \"backend\": \"cuda\", \"load_format\": \"dummy\","
 		" \"gpus\": [2, 0], \"socket\": \"/tmp/x.sock\", \"socket_mode\": \"0600\","
 		" \"allowed_uids\": [0, \"root\", 1000], \"allowed_gids\": [\"root\", 5],"
 		" \"max_sessions\": 8, \"admin_socket\": \"/tmp/x.admin\","
@@ -111,6 +112,7 @@ static void test_every_key(void **state)
 	assert_int_equal(load_text(&c, text, &err), 0);
 	assert_int_equal(sm70__config_check(&c, &err), 0);
 	assert_string_equal(c.model_dir, MODEL);
+	assert_string_equal(c.model_name, "Qwen/Qwen3-8B prod");
 	assert_string_equal(c.backend, "cuda");
 	assert_string_equal(c.load_format, "dummy");
 	assert_int_equal(c.n_gpus, 2);
@@ -178,6 +180,14 @@ static void test_wrong_types(void **state)
 	expect_error("{\"admin_max_conns_per_uid\": 17}", -EINVAL,
 		     "admin_max_conns_per_uid: must be an integer in 1..16");
 	expect_error("{\"model\": 7}", -EINVAL, "model: must be a path shorter than 4096 bytes");
+	expect_error("{\"model_name\": 7}", -EINVAL, "model_name: must be a string of 1 to 63 "
+		     "printable ASCII characters");
+	expect_error("{\"model_name\": \"\"}", -EINVAL, "model_name: must be a string");
+	expect_error("{\"model_name\": \"a\\nb\"}", -EINVAL, "model_name: must be a string");
+	expect_error("{\"model_name\": \"say \\\"hi\\\"\"}", -EINVAL,
+		     "model_name: must be a string");
+	expect_error("{\"model_name\": \"0123456789012345678901234567890123456789"
+		     "012345678901234567890123\"}", -EINVAL, "model_name: must be a string");
 	expect_error("{\"gpus\": 0}", -EINVAL, "gpus: must be a list of 1 to 16 integers");
 	expect_error("{\"allowed_uids\": [1.5]}", -EINVAL,
 		     "allowed_uids[0]: must be a non-negative integer or a name");
