@@ -15,7 +15,7 @@
  * DeltaNet recurrence (the gdn op) on Qwen3.5-27B's layer shape: the decode update at B1,
  * B8 and B16 against the bandwidth of its state traffic, and one 8K-token prompt in the
  * chunked form against the recurrence and against 8K one-token decode calls (not part of
- * `all`). `moe` times an MoE layer's routed experts (the moe_experts op) at B1, B8 and B16
+ * `all`). `moe` times an MoE layer's routed experts (the moe_experts op) at B1, B4, B8 and B16
  * on a Qwen3-30B-A3B-like and a Qwen3-Next / Qwen3.5-MoE-like shape, counting the bytes
  * of the experts the batch chose, on the grouped path beside the reference path (not
  * part of `all`). `nvfp4` times the matmul op on NVFP4 weights on the GEMV shapes at B1,
@@ -353,8 +353,9 @@ static int run_moe(int iters, const struct ref_bw *bw)
 		{ "30b-a3b", 2048, 768, 128, 8 },
 		{ "next", 2048, 512, 512, 10 },
 	};
-	static const int batches[] = { 1, 8, 16 };
-	struct sm70__bench_moe r[6];
+	static const int batches[] = { 1, 4, 8, 16 };
+	enum { NB = sizeof(batches) / sizeof(batches[0]) };
+	struct sm70__bench_moe r[2 * NB];
 	int ret;
 
 	printf("\n== MoE routed experts (moe_experts op), hidden 2048: 30b-a3b 128 x 768 top-8, "
@@ -366,8 +367,8 @@ static int run_moe(int iters, const struct ref_bw *bw)
 	       "max rel: grouped vs ref\n");
 	header("experts eager us   ref us ref %read  x ref route us  max rel");
 	for (size_t s = 0; s < 2; s++) {
-		for (size_t bi = 0; bi < 3; bi++) {
-			struct sm70__bench_moe *q = &r[s * 3 + bi];
+		for (size_t bi = 0; bi < NB; bi++) {
+			struct sm70__bench_moe *q = &r[s * NB + bi];
 			char name[64], extra[160];
 
 			ret = sm70__bench_moe(shapes[s].hidden, shapes[s].inter, shapes[s].n_experts,
@@ -389,11 +390,11 @@ static int run_moe(int iters, const struct ref_bw *bw)
 	       "%%read of their own bytes), and the other tile variants (us)\n");
 	printf("%-20s %9s %14s %14s %8s %8s %8s %8s %8s\n", "case", "v0 us", "gate_up (%read)",
 	       "down (%read)", "comb us", "v1 us", "v2 us", "v3 us", "v4 us");
-	for (size_t i = 0; i < 6; i++) {
+	for (size_t i = 0; i < 2 * NB; i++) {
 		const struct sm70__bench_moe *q = &r[i];
 		char name[64], gu[32], dn[32];
 
-		snprintf(name, sizeof(name), "moe %s B%d", shapes[i / 3].name, batches[i % 3]);
+		snprintf(name, sizeof(name), "moe %s B%d", shapes[i / NB].name, batches[i % NB]);
 		snprintf(gu, sizeof(gu), "%.2f (%.0f%%)", q->us_pass[0],
 			 100.0 * q->bytes * 2 / 3 / q->us_pass[0] * 1e-3 / bw->read);
 		snprintf(dn, sizeof(dn), "%.2f (%.0f%%)", q->us_pass[1],
