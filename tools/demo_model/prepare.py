@@ -154,32 +154,33 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.model_dir, exist_ok=True)
     os.makedirs(a.data_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="sm70-demo-")
-    pkgdir = a.pkgdir or fetch(tmp)
-    novels = austen_text.read_novels(pkgdir)
-    texts = [reflow([l for l in novels[n] if l is not None]) for n in austen_text.NOVELS]
-    with open(os.path.join(a.data_dir, "austen.txt"), "w", encoding="utf-8") as f:
-        f.write("\n".join(texts))
+    with tempfile.TemporaryDirectory(prefix="sm70-demo-") as tmp:
+        pkgdir = a.pkgdir or fetch(tmp)
+        novels = austen_text.read_novels(pkgdir)
+        version = package_version(pkgdir)
+        texts = [reflow([l for l in novels[n] if l is not None]) for n in austen_text.NOVELS]
+        with open(os.path.join(a.data_dir, "austen.txt"), "w", encoding="utf-8") as f:
+            f.write("\n".join(texts))
 
-    full_path = os.path.join(tmp, "qwen3-tokenizer.json")
-    with gzip.open(QWEN3, "rb") as f, open(full_path, "wb") as g:
-        g.write(f.read())
-    with open(full_path, encoding="utf-8") as f:
-        full = json.load(f)
-    ids = encode(a.tokenize, full_path, texts)
-    used = sorted({i for doc in ids for i in doc})
-    tok, remap = restrict(full, used)
-    tok_path = os.path.join(a.model_dir, "tokenizer.json")
-    with open(tok_path, "w", encoding="utf-8") as f:
-        json.dump(tok, f, ensure_ascii=False, indent=None, separators=(",", ":"))
-    with open(QWEN3_CONFIG, encoding="utf-8") as f:
-        cfg = json.load(f)
-    cfg["added_tokens_decoder"] = {str(remap[int(k)]): v
-                                  for k, v in cfg["added_tokens_decoder"].items()}
-    with open(os.path.join(a.model_dir, "tokenizer_config.json"), "w",
-              encoding="utf-8") as f:
-        json.dump(cfg, f, ensure_ascii=False, indent=2)
-        f.write("\n")
+        full_path = os.path.join(tmp, "qwen3-tokenizer.json")
+        with gzip.open(QWEN3, "rb") as f, open(full_path, "wb") as g:
+            g.write(f.read())
+        with open(full_path, encoding="utf-8") as f:
+            full = json.load(f)
+        ids = encode(a.tokenize, full_path, texts)
+        used = sorted({i for doc in ids for i in doc})
+        tok, remap = restrict(full, used)
+        tok_path = os.path.join(a.model_dir, "tokenizer.json")
+        with open(tok_path, "w", encoding="utf-8") as f:
+            json.dump(tok, f, ensure_ascii=False, indent=None, separators=(",", ":"))
+        with open(QWEN3_CONFIG, encoding="utf-8") as f:
+            cfg = json.load(f)
+        cfg["added_tokens_decoder"] = {str(remap[int(k)]): v
+                                      for k, v in cfg["added_tokens_decoder"].items()}
+        with open(os.path.join(a.model_dir, "tokenizer_config.json"), "w",
+                  encoding="utf-8") as f:
+            json.dump(cfg, f, ensure_ascii=False, indent=2)
+            f.write("\n")
 
     # The restricted tokenizer must give the same pieces: encode again and compare.
     again = encode(a.tokenize, tok_path, texts)
@@ -197,7 +198,7 @@ def main():
         stream.byteswap()
     with open(os.path.join(a.data_dir, "tokens.u16"), "wb") as f:
         stream.tofile(f)
-    meta = {"package": PACKAGE, "version": package_version(pkgdir),
+    meta = {"package": PACKAGE, "version": version,
             "novels": austen_text.NOVELS, "tokens": len(stream),
             "tokens_per_novel": [len(d) for d in want],
             "bytes": sum(len(t.encode()) for t in texts),
