@@ -34,26 +34,22 @@ SAMPLING="--temperature 0.8 --top-k 40 --top-p 0.95 --seed 7"
 # sm70-generate --prompt TEXT tokenizes in the client and streams text. Where this build's
 # sm70-generate has no --prompt yet, the prompt goes through sm70-tokenize and the streamed
 # ids come back through sm70-tokenize --decode, one id at a time.
-json_text() { # {"text":"..."} lines on stdin -> the text, unescaped, without newlines added
-	while IFS= read -r line; do
-		t=${line#'{"text":"'}
-		t=${t%'"}'}
-		printf '%b' "$(printf '%s' "$t" | sed -e 's/\\"/"/g' -e 's/\\\//\//g')"
-	done
-}
 ids_to_text() { # the id stream of sm70-generate on stdin -> text as the ids arrive
 	stdbuf -o0 tr ' ' '\n' | while read -r id; do
 		[ -n "$id" ] && printf '{"ids":[%s]}\n' "$id"
-	done | build/bin/sm70-tokenize -m "$MODEL" --decode --skip-special | json_text
+	done | build/bin/sm70-tokenize -m "$MODEL" --decode --skip-special |
+		python3 -u -c 'import json, sys
+for line in sys.stdin:
+    sys.stdout.write(json.loads(line)["text"])
+    sys.stdout.flush()'
 	echo
 }
 if build/bin/sm70-generate --help 2>&1 | grep -q -- '--prompt TEXT'; then
 	generate() { build/bin/sm70-generate --socket "$SOCK" --prompt "$PROMPT" "$@"; }
 	stream() { generate "$@"; }
 else
-	IDS=$(printf '%s\n' "$PROMPT" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' \
-		-e 's/^/{"text":"/' -e 's/$/"}/' | build/bin/sm70-tokenize -m "$MODEL" |
-		sed -e 's/^{"ids":\[//' -e 's/\]}$//')
+	IDS=$(python3 -c 'import json, sys; print(json.dumps({"text": sys.argv[1]}))' "$PROMPT" |
+		build/bin/sm70-tokenize -m "$MODEL" | sed -e 's/^{"ids":\[//' -e 's/\]}$//')
 	generate() { build/bin/sm70-generate --socket "$SOCK" --prompt-ids "$IDS" "$@"; }
 	# (its summary line on stderr waits for the text to finish)
 	stream() { generate "$@" 2>"$DIR/generate.err" | ids_to_text; cat "$DIR/generate.err" >&2; }
