@@ -20,6 +20,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/version.h"
 #include "daemon/log.h"
 #include "daemon/scheduler.h"
 #include "daemon/session.h"
@@ -453,6 +454,8 @@ static json_t *cmd_status(struct sm70__daemon *d)
 		      "kv_bytes", (json_int_t)d->kv_bytes,
 		      "generation_tokens_total", (json_int_t)d->metrics.generation_tokens,
 		      "tokens_per_s", rate, "rate_window_s", window);
+	if (r) /* as `sm70d --version` prints it, without the name */
+		json_object_set_new(r, "version", json_string(sm70_version_text()));
 	if (r && d->load_start_us)
 		json_object_set_new(r, "load", load_json(d, now));
 	if (r) {

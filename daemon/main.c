@@ -34,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/version.h"
 #include "daemon/admin.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
@@ -84,11 +85,11 @@ struct opts {
 	int verbose;
 };
 
-/* Returns 0, 1 (--help printed) or -1 (bad arguments, message printed). */
+/* Returns 0, 1 (--help or --version printed) or -1 (bad arguments, message printed). */
 static int parse_args(int argc, char **argv, struct opts *o)
 {
 	enum { O_BACKEND = 256, O_LOAD_FORMAT, O_SOCKET, O_CONFIG, O_ADMIN_SOCKET,
-	       O_CHECK_CONFIG, O_TP, O_GPUS };
+	       O_CHECK_CONFIG, O_TP, O_GPUS, O_VERSION };
 	static const struct option lopts[] = {
 		{ "model", required_argument, 0, 'm' },
 		{ "backend", required_argument, 0, O_BACKEND },
@@ -101,6 +102,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "gpus", required_argument, 0, O_GPUS },
 		{ "verbose", no_argument, 0, 'v' },
 		{ "help", no_argument, 0, 'h' },
+		{ "version", no_argument, 0, O_VERSION },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -158,6 +160,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case 'h':
 			usage(stdout);
+			return 1;
+		case O_VERSION:
+			sm70_print_version(stdout, "sm70d");
 			return 1;
 		default:
 			usage(stderr);

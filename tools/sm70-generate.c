@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/version.h"
 #include "sm70/client.h"
 #include "tools/cli/cli.h"
 
@@ -223,6 +224,7 @@ int main(int argc, char **argv)
 		{ "max-batch-tokens", required_argument, 0, O_IGNORED },
 		{ "kv-dtype", required_argument, 0, O_IGNORED },
 		{ "help", no_argument, 0, 'h' },
+		{ "version", no_argument, 0, 'V' },
 		{ 0, 0, 0, 0 },
 	};
 	struct sm70_job job;
@@ -325,6 +327,9 @@ int main(int argc, char **argv)
 			break;
 		case 'h':
 			usage(stdout);
+			return 0;
+		case 'V':
+			sm70_print_version(stdout, "sm70-generate");
 			return 0;
 		default:
 			usage(stderr);

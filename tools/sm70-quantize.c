@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/st_write.h"
+#include "common/version.h"
 #include "daemon/engine/checkpoint.h"
 #include "tools/cli/cli.h"
 #include "tools/quantize/quantize.h"
@@ -106,6 +107,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 		{ "shard-size", required_argument, NULL, 's' },
 		{ "force", no_argument, NULL, 'F' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -151,6 +153,9 @@ static int parse_args(int argc, char **argv, struct options *o)
 			break;
 		case 'h':
 			usage(stdout);
+			exit(0);
+		case 'V':
+			sm70_print_version(stdout, "sm70-quantize");
 			exit(0);
 		default:
 			usage(stderr);

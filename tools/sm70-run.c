@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/version.h"
 #include "daemon/engine/engine.h"
 #include "tools/cli/cli.h"
 
@@ -131,6 +132,7 @@ int main(int argc, char **argv)
 		{ "tp", required_argument, 0, O_TP },
 		{ "gpus", required_argument, 0, O_GPUS },
 		{ "help", no_argument, 0, 'h' },
+		{ "version", no_argument, 0, 'V' },
 		{ 0, 0, 0, 0 },
 	};
 	struct sm70_engine_opts eo;
@@ -270,6 +272,9 @@ int main(int argc, char **argv)
 		}
 		case 'h':
 			usage(stdout);
+			return 0;
+		case 'V':
+			sm70_print_version(stdout, "sm70-run");
 			return 0;
 		default:
 			usage(stderr);

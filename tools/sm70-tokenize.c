@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/version.h"
 #include "text/tokenizer.h"
 #include "tools/cli/cli.h"
 
@@ -206,6 +207,7 @@ int main(int argc, char **argv)
 		{"bench", required_argument, NULL, 'b'},
 		{"repeat", required_argument, NULL, 'r'},
 		{"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *model = NULL, *file = NULL, *bench_file = NULL;
@@ -235,6 +237,7 @@ int main(int argc, char **argv)
 			repeat = (int)x;
 			break;
 		case 'h': usage(stdout); return 0;
+		case 'V': sm70_print_version(stdout, "sm70-tokenize"); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
