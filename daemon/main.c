@@ -408,6 +408,61 @@ static int parse_kv_dtype(const char *s)
 	return SM70_DTYPE_COUNT; /* "auto": the backend's default */
 }
 
+/* The engine's options from the configuration and the KV budget kv_budget found. */
+static void engine_opts(const struct sm70__config *c, uint64_t kv_bytes,
+			struct sm70_engine_opts *eo)
+{
+	sm70_engine_opts_default(eo);
+	eo->backend = c->backend;
+	eo->dummy_weights = strcmp(c->load_format, "dummy") == 0;
+	eo->tp = (int)c->tp;
+	eo->n_gpus = c->n_gpus < 4 ? (int)c->n_gpus : 4;
+	for (int g = 0; g < eo->n_gpus; g++)
+		eo->gpus[g] = (int)c->gpus[g];
+	eo->kv_dtype = (enum sm70_dtype)parse_kv_dtype(c->engine.kv_dtype);
+	eo->no_prefix_cache = !c->engine.prefix_cache;
+	eo->n_threads = (int)c->engine.n_threads;
+	eo->max_seqs = (int)c->engine.max_seqs;
+	eo->max_batch_tokens = (int)c->engine.max_batch_tokens;
+	eo->block_size = (int)c->engine.block_size;
+	eo->kv_bytes = (size_t)kv_bytes;
+	eo->state_slots = (int)c->engine.state_slots;
+	if (c->fast_paths.gdn[0])
+		eo->gdn_recurrent = strcmp(c->fast_paths.gdn, "reference") == 0;
+}
+
+/*
+ * --check-config: the configuration, the KV budget against the devices, then the model
+ * directory as the start would load it, without its weights' data (sm70_engine_check).
+ * Prints one line, OK or the error as the start would log it. Returns the exit status.
+ */
+static int check_config(struct sm70__daemon *d, int ret, const char *cfg_from,
+			struct sm70_err *err)
+{
+	struct sm70_engine_opts eo;
+	char model[160];
+
+	if (!ret)
+		ret = kv_budget(&d->cfg, &d->kv_bytes, err);
+	if (ret) {
+		fprintf(stderr, "sm70d: config: %s\n", err->msg);
+		return 2;
+	}
+	export_fast_paths(&d->cfg);
+	engine_opts(&d->cfg, d->kv_bytes, &eo);
+	ret = sm70_engine_check(d->cfg.model_dir, &eo, model, sizeof(model), err);
+	if (ret) {
+		fprintf(stderr, "sm70d: cannot load the model in %s: %s\n", d->cfg.model_dir,
+			err->msg[0] ? err->msg : strerror(-ret));
+		return 2;
+	}
+	printf("sm70d: configuration OK (%s): model %s (%s%s), backend %s, socket %s, "
+	       "admin socket %s\n", cfg_from, d->cfg.model_dir, model,
+	       eo.dummy_weights ? ", dummy weights" : "", d->cfg.backend, d->cfg.socket_path,
+	       d->cfg.admin_socket_path);
+	return 0;
+}
+
 /* ---- signals ------------------------------------------------------------------------- */
 
 struct sigctx {
@@ -771,17 +826,8 @@ int main(int argc, char **argv)
 	d.admin_fd = -1;
 	sm70_err_clear(&err);
 	ret = configure(&d.cfg, &o, &cfg_from, &err);
-	if (o.check_config && !ret)
-		ret = kv_budget(&d.cfg, &d.kv_bytes, &err); /* the KV size against the devices */
-	if (o.check_config) {
-		if (ret)
-			fprintf(stderr, "sm70d: config: %s\n", err.msg);
-		else
-			printf("sm70d: configuration OK (%s): model %s, backend %s, socket %s, "
-			       "admin socket %s\n", cfg_from, d.cfg.model_dir, d.cfg.backend,
-			       d.cfg.socket_path, d.cfg.admin_socket_path);
-		return ret ? 2 : 0;
-	}
+	if (o.check_config)
+		return check_config(&d, ret, cfg_from, &err);
 	if (ret) {
 		sm70__err("config: %s", err.msg);
 		return 2;
@@ -833,23 +879,7 @@ int main(int argc, char **argv)
 		wd.interval_us = usec / 2;
 	wd.last_us = sm70__now_us();
 
-	sm70_engine_opts_default(&eo);
-	eo.backend = d.cfg.backend;
-	eo.dummy_weights = strcmp(d.cfg.load_format, "dummy") == 0;
-	eo.tp = (int)d.cfg.tp;
-	eo.n_gpus = d.cfg.n_gpus < 4 ? (int)d.cfg.n_gpus : 4;
-	for (int g = 0; g < eo.n_gpus; g++)
-		eo.gpus[g] = (int)d.cfg.gpus[g];
-	eo.kv_dtype = (enum sm70_dtype)parse_kv_dtype(d.cfg.engine.kv_dtype);
-	eo.no_prefix_cache = !d.cfg.engine.prefix_cache;
-	eo.n_threads = (int)d.cfg.engine.n_threads;
-	eo.max_seqs = (int)d.cfg.engine.max_seqs;
-	eo.max_batch_tokens = (int)d.cfg.engine.max_batch_tokens;
-	eo.block_size = (int)d.cfg.engine.block_size;
-	eo.kv_bytes = (size_t)d.kv_bytes;
-	eo.state_slots = (int)d.cfg.engine.state_slots;
-	if (d.cfg.fast_paths.gdn[0])
-		eo.gdn_recurrent = strcmp(d.cfg.fast_paths.gdn, "reference") == 0;
+	engine_opts(&d.cfg, d.kv_bytes, &eo);
 	ret = load_model(&d, &eo, &wd, &err);
 	if (ret == -ECANCELED) {
 		sm70__notice("%s; exiting", err.msg);
