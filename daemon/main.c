@@ -2,10 +2,12 @@
  * main.c - sm70d: argument parsing, start-up, the main loop, drain and exit.
  *
  *   sm70d [--model DIR] [--backend cpu|cuda|null] [--load-format auto|dummy]
- *         [--socket PATH] [--admin-socket PATH] [--config FILE] [--check-config] [--verbose]
+ *         [--socket PATH] [--admin-socket PATH] [--config FILE] [--tp N] [--gpus IDS]
+ *         [--check-config] [--verbose] [--help] [--version]
  *
  * The configuration is /etc/sm70d/sm70d.json (if it exists) or --config FILE; flags
- * override it; --check-config validates it and exits. Runs in the foreground and logs to
+ * override it; --check-config validates it and the model directory (without loading the
+ * weights) and exits. Runs in the foreground and logs to
  * stderr. Exit status: 0 after a drain (SIGTERM or SIGINT) or a good --check-config, 1 on a
  * fatal failure while running, 2 on bad arguments, config or model.
  *
@@ -63,13 +65,28 @@ uint64_t sm70__now_us(void)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70d [--model DIR] [--backend cpu|cuda|null] [--load-format auto|dummy]\n"
-		"             [--socket PATH] [--admin-socket PATH] [--config FILE]\n"
-		"             [--tp N] [--gpus ID,ID,...] [--check-config] [--verbose]\n"
-		"Serves the model in DIR to local clients over the sm70 shared-memory protocol.\n"
+		"usage: sm70d [options]\n"
+		"Serves a model (--model DIR) to local clients over sm70's shared-memory protocol.\n"
 		"The configuration is " SM70__CFG_DEFAULT_PATH " (if it exists) or --config FILE;\n"
-		"flags override it. --check-config validates it and exits 0 (good) or 2.\n"
-		"Runs in the foreground, logs to stderr; SIGTERM or SIGINT drains and exits.\n");
+		"flags override it. Runs in the foreground, logs to stderr; SIGTERM or SIGINT\n"
+		"drains and exits.\n"
+		"options:\n"
+		"  -m, --model DIR          checkpoint directory (config: model)\n"
+		"  --backend cpu|cuda|null  compute backend (config: backend)\n"
+		"  --load-format auto|dummy dummy: pseudo-random weights from config.json alone\n"
+		"  --socket PATH            client socket when systemd passes none (config: socket)\n"
+		"  --admin-socket PATH      sm70ctl's socket (config: admin_socket)\n"
+		"  --config FILE            the JSON configuration\n"
+		"  --tp N                   tensor-parallel ranks, 1..4 (config: tp)\n"
+		"  --gpus ID,ID,...         CUDA device of each rank (config: gpus)\n"
+		"  --check-config           check the configuration and the model directory\n"
+		"                           (config.json, weight headers, every tensor's name, shape\n"
+		"                           and dtype; no weight data read), print OK, exit 0 or 2\n"
+		"  -v, --verbose            log debug messages too\n"
+		"  -h, --help               this text\n"
+		"  --version                print the version\n"
+		"exit status: 0 drained (or a good --check-config), 1 failed while running,\n"
+		"             2 bad arguments, configuration or model\n");
 }
 
 struct opts {

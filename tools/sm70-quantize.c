@@ -51,9 +51,11 @@ struct shard_work {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70-quantize -m IN_DIR -o OUT_DIR --format modelopt|compressed-tensors\n"
+		"usage: sm70-quantize -m|--model IN_DIR -o|--output OUT_DIR\n"
+		"                     --format modelopt|compressed-tensors\n"
 		"                     [--exclude PATTERN ...] [--threads N] [--shard-size BYTES]\n"
 		"                     [--force]\n"
+		"       sm70-quantize --help | --version\n"
 		"Quantizes the projection weights of a bf16/f16/f32 checkpoint to NVFP4 (E2M1 codes\n"
 		"in blocks of 16, FP8-E4M3 block scales, one f32 scale per matrix). Embeddings,\n"
 		"lm_head, norms, routers and non-float tensors are copied. PATTERN is a glob on the\n"

@@ -35,13 +35,14 @@ struct run {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70-run -m MODEL_DIR [--backend cpu|cuda] [--load-format auto|dummy]\n"
-		"                (--prompt-ids 1,2,3 | --prompt-file FILE) [-n MAX_NEW_TOKENS]\n"
+		"usage: sm70-run -m|--model MODEL_DIR [--backend cpu|cuda] [--load-format auto|dummy]\n"
+		"                (--prompt-ids 1,2,3 | --prompt-file FILE) [-n|--max-new-tokens N]\n"
 		"                [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
 		"                [--top-logprobs N] [--json]\n"
 		"  more: [--stop-ids 1,2] [--ignore-eos] [--threads N] [--block-size N]\n"
 		"        [--tp N] [--gpus 0,1,...]\n"
 		"        [--kv-blocks N] [--max-batch-tokens N] [--kv-dtype f32|f16|fp8]\n"
+		"       sm70-run --help | --version\n"
 		"Temperature 0 (the default) is greedy decoding. A prompt file holds token ids\n"
 		"separated by commas or white space.\n");
 }

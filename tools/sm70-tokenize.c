@@ -24,9 +24,10 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70-tokenize (-m MODEL_DIR | --tokenizer FILE) [--decode]\n"
+		"usage: sm70-tokenize (-m|--model MODEL_DIR | --tokenizer FILE) [--decode]\n"
 		"                     [--skip-special] [--special-as-text]\n"
 		"       sm70-tokenize (-m MODEL_DIR | --tokenizer FILE) --bench FILE [--repeat N]\n"
+		"       sm70-tokenize --help | --version\n"
 		"Reads JSON lines on stdin: {\"text\": \"...\"} gives {\"ids\": [...]}; with\n"
 		"--decode, {\"ids\": [...]} gives {\"text\": \"...\"}. A bad line gives\n"
 		"{\"error\": \"...\"} and the next line is read.\n");
