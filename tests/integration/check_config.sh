@@ -3,7 +3,8 @@
 # through the architecture registry, the weight files' headers and index, every tensor's
 # name, shape and dtype), without its weights' data: each kind of broken directory exits 2
 # with the error named, and that error is the one the real load gives (sm70-run loads the
-# same directory; the daemon's own start is compared once); every fixture says OK.
+# same directory; the daemon's own start is compared once); every fixture, and NVFP4
+# checkpoints made from two of them, say OK.
 set -eu
 B=${SM70_BUILD:-build}
 T=$(mktemp -d)
@@ -37,6 +38,15 @@ mk $GOOD missing-tensor
 mk $GOOD wrong-shape
 mk $GOOD wrong-dtype
 mk $GOOD no-weights && rm "$T/no-weights/model.safetensors"
+# NVFP4 checkpoints (both layouts; MoE experts too) pass, and one without a block scale fails
+for q in qwen3-gqa2-d64-tied:modelopt qwen3_moe-e8k2:compressed-tensors; do
+	"$B/bin/sm70-quantize" -m "tests/fixtures/${q%%:*}" -o "$T/nvfp4-${q%%:*}" \
+		--format "${q#*:}" >/dev/null 2>"$T/q.err" || fail "sm70-quantize $q: $(cat "$T/q.err")"
+	out=$("$B/bin/sm70d" --config "$T/empty.json" --check-config -m "$T/nvfp4-${q%%:*}" 2>&1) ||
+		fail "--check-config on the NVFP4 $q: $out"
+done
+echo "ok: NVFP4 checkpoints (modelopt, compressed-tensors with MoE experts) pass"
+cp -r "$T/nvfp4-qwen3-gqa2-d64-tied" "$T/nvfp4-no-scale"
 python3 - "$T" <<'PY'
 import json, struct, sys
 T = sys.argv[1]
@@ -83,6 +93,11 @@ f = T + '/wrong-dtype/model.safetensors'
 meta, t = read(f)
 t['model.norm.weight'] = ['I32', [128], bytes(512)]
 write(f, meta, t)
+
+f = T + '/nvfp4-no-scale/model.safetensors'
+meta, t = read(f)
+del t['model.layers.1.mlp.up_proj.weight_scale']
+write(f, meta, t)
 PY
 
 # case  what the error must say
@@ -111,6 +126,7 @@ check missing-tensor "missing tensor model.layers.1.self_attn.k_norm.weight in $
 check wrong-shape "tensor model.layers.1.mlp.down_proj.weight in $T/wrong-shape/model.safetensors has shape [320, 128], expected [128, 320]"
 check wrong-dtype "tensor model.norm.weight in $T/wrong-dtype/model.safetensors has dtype i32, expected f32, f16 or bf16"
 check no-weights "$T/no-weights"
+check nvfp4-no-scale "missing tensor model.layers.1.mlp.up_proj.weight_scale in $T/nvfp4-no-scale"
 
 # 3. The daemon's own start on one of them: exit 2 with the same error.
 rc=0
