@@ -45,8 +45,8 @@ static void usage(FILE *f)
 		"Temperature 0 (the default) is greedy decoding; the seed defaults to 0, as in\n"
 		"sm70-run. A prompt file holds token ids separated by commas or white space.\n"
 		"sm70-run's model options (-m/--model, --backend, --load-format, --threads,\n"
-		"--block-size, --kv-blocks, --max-batch-tokens, --kv-dtype, each with a value) are\n"
-		"accepted and ignored: the daemon's model and configuration are used.\n"
+		"--block-size, --kv-blocks, --max-batch-tokens, --kv-dtype, each with a value)\n"
+		"are accepted and ignored: the daemon's model and configuration are used.\n"
 		"--connect-timeout: how long to wait for the daemon's welcome while it starts or\n"
 		"loads its model (default 900 s); its loading progress is shown on stderr.\n"
 		"Exit: 0 done, 2 bad arguments, 3 daemon not running, 1 other failures.\n");

@@ -35,8 +35,10 @@ struct run {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70-run -m|--model MODEL_DIR [--backend cpu|cuda] [--load-format auto|dummy]\n"
-		"                (--prompt-ids 1,2,3 | --prompt-file FILE) [-n|--max-new-tokens N]\n"
+		"usage: sm70-run -m|--model MODEL_DIR [--backend cpu|cuda]\n"
+		"                [--load-format auto|dummy]\n"
+		"                (--prompt-ids 1,2,3 | --prompt-file FILE)\n"
+		"                [-n|--max-new-tokens N]\n"
 		"                [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
 		"                [--top-logprobs N] [--json]\n"
 		"  more: [--stop-ids 1,2] [--ignore-eos] [--threads N] [--block-size N]\n"

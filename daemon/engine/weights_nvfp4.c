@@ -506,7 +506,8 @@ int sm70__nvfp4_weight_load(struct sm70_model *m, int r, const struct sm70_ckpt 
 				   cols);
 			src.scale2 = dummy_scale2(full_cols);
 		} else if ((ret = nvfp4_source(m, ck, &parts[i], full_cols, &src, err)) ||
-			   (ret = copy_band(m, c, s, &src, &parts[i], full_cols, col0, cols, err))) {
+			   (ret = copy_band(m, c, s, &src, &parts[i], full_cols, col0, cols,
+						   err))) {
 			goto out;
 		}
 		for (int k = 0; k < parts[i].rows; k++)
@@ -746,8 +747,8 @@ static int fused_experts(struct expert_load *x, struct sm70_err *err)
 			const int t = j == 2;
 			struct expert_band b = band_of(x, e, j, names[t]);
 
-			ret = copy_band(x->m, stack_codes(&b, e), stack_scales(&b, e), &src[t], &b.part,
-					b.full_cols, b.col0, b.cols, err);
+			ret = copy_band(x->m, stack_codes(&b, e), stack_scales(&b, e), &src[t],
+					&b.part, b.full_cols, b.col0, b.cols, err);
 			band_scale2(&b, e, s2[t * x->n_experts + e]);
 		}
 out:
@@ -769,8 +770,8 @@ static int per_expert_experts(struct expert_load *x, struct sm70_err *err)
 			expert_name(name, sizeof(name), x->p, e, expert_proj[j]);
 			b = band_of(x, e, j, name);
 			if ((ret = nvfp4_source(x->m, x->ck, &b.part, b.full_cols, &src, err)) ||
-			    (ret = copy_band(x->m, stack_codes(&b, e), stack_scales(&b, e), &src, &b.part,
-					     b.full_cols, b.col0, b.cols, err)))
+			    (ret = copy_band(x->m, stack_codes(&b, e), stack_scales(&b, e), &src,
+					     &b.part, b.full_cols, b.col0, b.cols, err)))
 				break;
 			band_scale2(&b, e, src.scale2);
 		}
