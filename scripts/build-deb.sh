@@ -25,7 +25,7 @@ for a in "$@"; do
 	case $a in
 	--nocheck) nocheck=1 ;;
 	--keep) keep=1 ;;
-	-h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "build-deb: unknown argument '$a'" >&2; exit 2 ;;
 	esac
 done
