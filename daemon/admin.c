@@ -20,7 +20,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "daemon/build_info.h"
+#include "common/version.h"
 #include "daemon/log.h"
 #include "daemon/scheduler.h"
 #include "daemon/session.h"
@@ -454,6 +454,8 @@ static json_t *cmd_status(struct sm70__daemon *d)
 		      "kv_bytes", (json_int_t)d->kv_bytes,
 		      "generation_tokens_total", (json_int_t)d->metrics.generation_tokens,
 		      "tokens_per_s", rate, "rate_window_s", window);
+	if (r) /* as `sm70d --version` prints it, without the name */
+		json_object_set_new(r, "version", json_string(sm70_version_text()));
 	if (r && d->load_start_us)
 		json_object_set_new(r, "load", load_json(d, now));
 	if (r) {
@@ -467,8 +469,7 @@ static json_t *cmd_status(struct sm70__daemon *d)
 				    json_integer((json_int_t)st.pinned_bytes));
 		json_object_set_new(r, "prefix_cache", json_boolean(!st.prefix_cache_off));
 		json_object_set_new(r, "context_tokens", json_integer(d->context_tokens));
-		json_object_set_new(r, "version", json_string(sm70__build_version));
-		json_object_set_new(r, "git", json_string(sm70__build_git));
+		json_object_set_new(r, "git", json_string(sm70_git_describe()));
 		warn = json_array();
 		for (int i = 0; i < d->n_warnings; i++)
 			json_array_append_new(warn, json_string(d->warnings[i]));

@@ -2,10 +2,12 @@
  * main.c - sm70d: argument parsing, start-up, the main loop, drain and exit.
  *
  *   sm70d [--model DIR] [--backend cpu|cuda|null] [--load-format auto|dummy]
- *         [--socket PATH] [--admin-socket PATH] [--config FILE] [--check-config] [--verbose]
+ *         [--socket PATH] [--admin-socket PATH] [--config FILE] [--tp N] [--gpus IDS]
+ *         [--check-config] [--verbose] [--help] [--version]
  *
  * The configuration is /etc/sm70d/sm70d.json (if it exists) or --config FILE; flags
- * override it; --check-config validates it and exits. Runs in the foreground and logs to
+ * override it; --check-config validates it and the model directory (without loading the
+ * weights) and exits. Runs in the foreground and logs to
  * stderr. Exit status: 0 after a drain (SIGTERM or SIGINT) or a good --check-config, 1 on a
  * fatal failure while running, 2 on bad arguments, config or model.
  *
@@ -34,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/version.h"
 #include "daemon/admin.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
@@ -66,13 +69,31 @@ uint64_t sm70__now_us(void)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70d [--model DIR] [--backend cpu|cuda|null] [--load-format auto|dummy]\n"
-		"             [--socket PATH] [--admin-socket PATH] [--config FILE]\n"
-		"             [--tp N] [--gpus ID,ID,...] [--check-config] [--verbose]\n"
-		"Serves the model in DIR to local clients over the sm70 shared-memory protocol.\n"
+		"usage: sm70d [options]\n"
+		"Serves a model (--model DIR) to local clients over sm70's shared-memory\n"
+		"protocol.\n"
 		"The configuration is " SM70__CFG_DEFAULT_PATH " (if it exists) or --config FILE;\n"
-		"flags override it. --check-config validates it and exits 0 (good) or 2.\n"
-		"Runs in the foreground, logs to stderr; SIGTERM or SIGINT drains and exits.\n");
+		"flags override it. Runs in the foreground, logs to stderr; SIGTERM or SIGINT\n"
+		"drains and exits.\n"
+		"options:\n"
+		"  -m, --model DIR          checkpoint directory (config: model)\n"
+		"  --backend cpu|cuda|null  compute backend (config: backend)\n"
+		"  --load-format auto|dummy dummy: pseudo-random weights from config.json alone\n"
+		"  --socket PATH            client socket when systemd passes none\n"
+		"                           (config: socket)\n"
+		"  --admin-socket PATH      sm70ctl's socket (config: admin_socket)\n"
+		"  --config FILE            the JSON configuration\n"
+		"  --tp N                   tensor-parallel ranks, 1..4 (config: tp)\n"
+		"  --gpus ID,ID,...         CUDA device of each rank (config: gpus)\n"
+		"  --check-config           check the configuration and the model directory\n"
+		"                           (config.json, weight headers, every tensor's name,\n"
+		"                           shape and dtype; no weight data read), print OK,\n"
+		"                           exit 0 or 2\n"
+		"  -v, --verbose            log debug messages too\n"
+		"  -h, --help               this text\n"
+		"  --version                print the version\n"
+		"exit status: 0 drained (or a good --check-config), 1 failed while running,\n"
+		"             2 bad arguments, configuration or model\n");
 }
 
 struct opts {
@@ -88,11 +109,11 @@ struct opts {
 	int verbose;
 };
 
-/* Returns 0, 1 (--help printed) or -1 (bad arguments, message printed). */
+/* Returns 0, 1 (--help or --version printed) or -1 (bad arguments, message printed). */
 static int parse_args(int argc, char **argv, struct opts *o)
 {
 	enum { O_BACKEND = 256, O_LOAD_FORMAT, O_SOCKET, O_CONFIG, O_ADMIN_SOCKET,
-	       O_CHECK_CONFIG, O_TP, O_GPUS };
+	       O_CHECK_CONFIG, O_TP, O_GPUS, O_VERSION };
 	static const struct option lopts[] = {
 		{ "model", required_argument, 0, 'm' },
 		{ "backend", required_argument, 0, O_BACKEND },
@@ -105,6 +126,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "gpus", required_argument, 0, O_GPUS },
 		{ "verbose", no_argument, 0, 'v' },
 		{ "help", no_argument, 0, 'h' },
+		{ "version", no_argument, 0, O_VERSION },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -162,6 +184,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case 'h':
 			usage(stdout);
+			return 1;
+		case O_VERSION:
+			sm70_print_version(stdout, "sm70d");
 			return 1;
 		default:
 			usage(stderr);
@@ -406,6 +431,65 @@ static void warn_short_kv(struct sm70__daemon *d)
 		 "the model's max_position_embeddings", c->engine.kv_memory_fraction > 0 ?
 		 "engine.kv_memory_fraction" : "engine.kv_bytes (or use engine.kv_memory_fraction)");
 	sm70__warn("%s", w);
+}
+
+/* The engine's options from the configuration and the KV budget kv_budget found. */
+static void engine_opts(const struct sm70__config *c, uint64_t kv_bytes,
+			struct sm70_engine_opts *eo)
+{
+	sm70_engine_opts_default(eo);
+	eo->backend = c->backend;
+	eo->dummy_weights = strcmp(c->load_format, "dummy") == 0;
+	eo->tp = (int)c->tp;
+	eo->n_gpus = c->n_gpus < 4 ? (int)c->n_gpus : 4;
+	for (int g = 0; g < eo->n_gpus; g++)
+		eo->gpus[g] = (int)c->gpus[g];
+	eo->kv_dtype = (enum sm70_dtype)parse_kv_dtype(c->engine.kv_dtype);
+	eo->no_prefix_cache = !c->engine.prefix_cache;
+	eo->n_threads = (int)c->engine.n_threads;
+	eo->max_seqs = (int)c->engine.max_seqs;
+	eo->max_batch_tokens = (int)c->engine.max_batch_tokens;
+	eo->block_size = (int)c->engine.block_size;
+	eo->kv_bytes = (size_t)kv_bytes;
+	eo->state_slots = (int)c->engine.state_slots;
+	if (c->fast_paths.gdn[0])
+		eo->gdn_recurrent = strcmp(c->fast_paths.gdn, "reference") == 0;
+}
+
+/*
+ * --check-config: the configuration, the KV budget against the devices, then the model
+ * directory as the start would load it, without its weights' data (sm70_engine_check).
+ * Prints one line, OK or the error as the start would log it. Returns the exit status.
+ */
+static int check_config(struct sm70__daemon *d, int ret, const char *cfg_from,
+			struct sm70_err *err)
+{
+	struct sm70_engine_opts eo;
+	const char *name_from;
+	char model[160];
+
+	if (!ret)
+		ret = kv_budget(&d->cfg, &d->kv_bytes, err);
+	if (ret) {
+		fprintf(stderr, "sm70d: config: %s\n", err->msg);
+		return 2;
+	}
+	export_fast_paths(&d->cfg);
+	engine_opts(&d->cfg, d->kv_bytes, &eo);
+	ret = sm70_engine_check(d->cfg.model_dir, &eo, model, sizeof(model), err);
+	if (ret) {
+		fprintf(stderr, "sm70d: cannot load the model in %s: %s\n", d->cfg.model_dir,
+			err->msg[0] ? err->msg : strerror(-ret));
+		return 2;
+	}
+	sm70__model_name_choose(d->cfg.model_name, d->cfg.model_dir, d->model_name, &name_from);
+	printf("sm70d: configuration OK (%s): model %s (%s%s; named %s, from %s), backend %s, "
+	       "KV cache %llu MiB per rank%s, socket %s, admin socket %s\n", cfg_from,
+	       d->cfg.model_dir, model, eo.dummy_weights ? ", dummy weights" : "",
+	       d->model_name, name_from, d->cfg.backend, (unsigned long long)(d->kv_bytes >> 20),
+	       d->cfg.engine.kv_memory_fraction > 0 ? " (from the free memory now)" : "",
+	       d->cfg.socket_path, d->cfg.admin_socket_path);
+	return 0;
 }
 
 /* ---- signals ------------------------------------------------------------------------- */
@@ -771,23 +855,8 @@ int main(int argc, char **argv)
 	d.admin_fd = -1;
 	sm70_err_clear(&err);
 	ret = configure(&d.cfg, &o, &cfg_from, &err);
-	if (o.check_config && !ret)
-		ret = kv_budget(&d.cfg, &d.kv_bytes, &err); /* the KV size against the devices */
-	if (o.check_config) {
-		if (ret) {
-			fprintf(stderr, "sm70d: config: %s\n", err.msg);
-			return 2;
-		}
-		sm70__model_name_choose(d.cfg.model_name, d.cfg.model_dir, d.model_name,
-					&name_from);
-		printf("sm70d: configuration OK (%s): model %s (named %s, from %s), backend %s, "
-		       "KV cache %llu MiB per rank%s, socket %s, admin socket %s\n", cfg_from,
-		       d.cfg.model_dir, d.model_name, name_from, d.cfg.backend,
-		       (unsigned long long)(d.kv_bytes >> 20), d.cfg.engine.kv_memory_fraction > 0 ?
-		       " (from the free memory now)" : "", d.cfg.socket_path,
-		       d.cfg.admin_socket_path);
-		return 0;
-	}
+	if (o.check_config)
+		return check_config(&d, ret, cfg_from, &err);
 	if (ret) {
 		sm70__err("config: %s", err.msg);
 		return 2;
@@ -854,23 +923,7 @@ int main(int argc, char **argv)
 		wd.interval_us = usec / 2;
 	wd.last_us = sm70__now_us();
 
-	sm70_engine_opts_default(&eo);
-	eo.backend = d.cfg.backend;
-	eo.dummy_weights = strcmp(d.cfg.load_format, "dummy") == 0;
-	eo.tp = (int)d.cfg.tp;
-	eo.n_gpus = d.cfg.n_gpus < 4 ? (int)d.cfg.n_gpus : 4;
-	for (int g = 0; g < eo.n_gpus; g++)
-		eo.gpus[g] = (int)d.cfg.gpus[g];
-	eo.kv_dtype = (enum sm70_dtype)parse_kv_dtype(d.cfg.engine.kv_dtype);
-	eo.no_prefix_cache = !d.cfg.engine.prefix_cache;
-	eo.n_threads = (int)d.cfg.engine.n_threads;
-	eo.max_seqs = (int)d.cfg.engine.max_seqs;
-	eo.max_batch_tokens = (int)d.cfg.engine.max_batch_tokens;
-	eo.block_size = (int)d.cfg.engine.block_size;
-	eo.kv_bytes = (size_t)d.kv_bytes;
-	eo.state_slots = (int)d.cfg.engine.state_slots;
-	if (d.cfg.fast_paths.gdn[0])
-		eo.gdn_recurrent = strcmp(d.cfg.fast_paths.gdn, "reference") == 0;
+	engine_opts(&d.cfg, d.kv_bytes, &eo);
 	ret = load_model(&d, &eo, &wd, &err);
 	if (ret == -ECANCELED) {
 		sm70__notice("%s; exiting", err.msg);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/version.h"
 #include "daemon/build_info.h"
 #include "daemon/daemon.h"
 #include "daemon/session.h"
@@ -270,7 +271,7 @@ int sm70__metrics_render(struct sm70__daemon *d, char *buf, size_t size)
 	     "built from: release, git revision, the backend it runs, the CUDA release of the "
 	     "build (none without CUDA).");
 	put(&o, "sm70_build_info{version=\"%s\",git=\"%s\",backend=\"%s\",cuda=\"%s\"} 1\n",
-	    sm70__build_version, sm70__build_git, d->cfg.backend, sm70__build_cuda);
+	    sm70_version(), sm70_git_describe(), d->cfg.backend, sm70__build_cuda);
 	/* The model's name as an info metric rather than a label on every series: one daemon
 	 * serves one model, and a renamed model keeps every other series (join with
 	 * `* on(instance) group_left(model) sm70_model_info`). The name cannot hold '"' or

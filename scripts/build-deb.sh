@@ -8,7 +8,8 @@
 #   --keep      keep the scratch build directory (its path is printed)
 # Environment: SM70_DEB_OUT (default <tree>/build/deb), SM70_DEB_WORK (scratch directory,
 # default a new one under /tmp), SM70_CUDA=1 for a CUDA-enabled sm70d (needs nvcc; see
-# docs/OPERATIONS.md), DEB_BUILD_OPTIONS (passed on).
+# docs/OPERATIONS.md), DEB_BUILD_OPTIONS (passed on), SM70_GIT_DESCRIBE (what --version
+# names; default `git describe` of this tree).
 #
 # The tree is copied (tracked and untracked files git does not ignore, no build outputs),
 # packaging/debian becomes debian/ in the copy, and dpkg-buildpackage runs there, because it
@@ -74,6 +75,13 @@ else
 fi
 rm -rf "$SRC/debian"
 cp -a "$ROOT/packaging/debian" "$SRC/debian"
+# The copy has no .git: the binaries' --version names the tree's git description this way
+# (SConstruct reads SM70_GIT_DESCRIBE; "unknown" outside a checkout).
+if [ -z "${SM70_GIT_DESCRIBE:-}" ]; then
+	SM70_GIT_DESCRIBE=$(git -C "$ROOT" describe --tags --always --dirty 2>/dev/null) ||
+		SM70_GIT_DESCRIBE=unknown
+fi
+export SM70_GIT_DESCRIBE
 
 # Build dependencies, as debian/control lists them.
 if ! (cd "$SRC" && dpkg-checkbuilddeps >/dev/null 2>&1); then

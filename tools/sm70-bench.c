@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/version.h"
 #include "kernels/cuda/bench.h"
 #include "tools/bench/bench.h"
 
@@ -52,7 +53,8 @@ static void usage(FILE *f)
 		   "[--iters N] [--device N] [--variant N]\n"
 		   "       sm70-bench decode -m MODEL_DIR [options]   (decode --help)\n"
 		   "       sm70-bench ipc [options]                   (ipc --help)\n"
-		   "       sm70-bench allreduce [--gpus N] [--json]   (allreduce --help)\n");
+		   "       sm70-bench allreduce [--gpus N] [--json]   (allreduce --help)\n"
+		   "       sm70-bench --help | --version\n");
 }
 
 static void row(const char *name, double us, double bytes, const struct ref_bw *bw,
@@ -489,6 +491,10 @@ int main(int argc, char **argv)
 	char desc[256] = "", msg[512] = "";
 	struct ref_bw bw = { 0, 0 };
 
+	if (argc > 1 && !strcmp(argv[1], "--version")) {
+		sm70_print_version(stdout, "sm70-bench");
+		return 0;
+	}
 	if (argc > 1 && !strcmp(argv[1], "decode"))
 		return sm70__bench_decode(argc - 1, argv + 1);
 	if (argc > 1 && !strcmp(argv[1], "ipc"))

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/version.h"
 #include "sm70/client.h"
 #include "tools/cli/cli.h"
 
@@ -35,15 +36,17 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: sm70-generate [--socket PATH] (--prompt-ids 1,2,3 | --prompt-file FILE)\n"
-		"                     [-n MAX_NEW_TOKENS] [--temperature T] [--top-k K]\n"
+		"                     [-n|--max-new-tokens N] [--temperature T] [--top-k K]\n"
 		"                     [--top-p P] [--seed S] [--top-logprobs N] [--stop-ids 1,2]\n"
 		"                     [--json]\n"
 		"  more: [--ignore-eos] [--priority N] [--deadline-ms MS] [--connect-timeout S]\n"
+		"       sm70-generate --help | --version\n"
 		"The socket defaults to $SM70_SOCKET, else " SM70_DEFAULT_SOCKET ".\n"
 		"Temperature 0 (the default) is greedy decoding; the seed defaults to 0, as in\n"
 		"sm70-run. A prompt file holds token ids separated by commas or white space.\n"
-		"sm70-run's model options (-m, --backend, --threads, ...) are accepted and\n"
-		"ignored: the daemon's model and configuration are used.\n"
+		"sm70-run's model options (-m/--model, --backend, --load-format, --threads,\n"
+		"--block-size, --kv-blocks, --max-batch-tokens, --kv-dtype, each with a value)\n"
+		"are accepted and ignored: the daemon's model and configuration are used.\n"
 		"--connect-timeout: how long to wait for the daemon's welcome while it starts or\n"
 		"loads its model (default 900 s); its loading progress is shown on stderr.\n"
 		"Exit: 0 done, 2 bad arguments, 3 daemon not running, 1 other failures.\n");
@@ -223,6 +226,7 @@ int main(int argc, char **argv)
 		{ "max-batch-tokens", required_argument, 0, O_IGNORED },
 		{ "kv-dtype", required_argument, 0, O_IGNORED },
 		{ "help", no_argument, 0, 'h' },
+		{ "version", no_argument, 0, 'V' },
 		{ 0, 0, 0, 0 },
 	};
 	struct sm70_job job;
@@ -325,6 +329,9 @@ int main(int argc, char **argv)
 			break;
 		case 'h':
 			usage(stdout);
+			return 0;
+		case 'V':
+			sm70_print_version(stdout, "sm70-generate");
 			return 0;
 		default:
 			usage(stderr);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/st_write.h"
+#include "common/version.h"
 #include "daemon/engine/checkpoint.h"
 #include "tools/cli/cli.h"
 #include "tools/quantize/quantize.h"
@@ -50,9 +51,11 @@ struct shard_work {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70-quantize -m IN_DIR -o OUT_DIR --format modelopt|compressed-tensors\n"
+		"usage: sm70-quantize -m|--model IN_DIR -o|--output OUT_DIR\n"
+		"                     --format modelopt|compressed-tensors\n"
 		"                     [--exclude PATTERN ...] [--threads N] [--shard-size BYTES]\n"
 		"                     [--force]\n"
+		"       sm70-quantize --help | --version\n"
 		"Quantizes the projection weights of a bf16/f16/f32 checkpoint to NVFP4 (E2M1 codes\n"
 		"in blocks of 16, FP8-E4M3 block scales, one f32 scale per matrix). Embeddings,\n"
 		"lm_head, norms, routers and non-float tensors are copied. PATTERN is a glob on the\n"
@@ -106,6 +109,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 		{ "shard-size", required_argument, NULL, 's' },
 		{ "force", no_argument, NULL, 'F' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -151,6 +155,9 @@ static int parse_args(int argc, char **argv, struct options *o)
 			break;
 		case 'h':
 			usage(stdout);
+			exit(0);
+		case 'V':
+			sm70_print_version(stdout, "sm70-quantize");
 			exit(0);
 		default:
 			usage(stderr);

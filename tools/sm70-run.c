@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/version.h"
 #include "daemon/engine/engine.h"
 #include "tools/cli/cli.h"
 
@@ -34,13 +35,16 @@ struct run {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70-run -m MODEL_DIR [--backend cpu|cuda] [--load-format auto|dummy]\n"
-		"                (--prompt-ids 1,2,3 | --prompt-file FILE) [-n MAX_NEW_TOKENS]\n"
+		"usage: sm70-run -m|--model MODEL_DIR [--backend cpu|cuda]\n"
+		"                [--load-format auto|dummy]\n"
+		"                (--prompt-ids 1,2,3 | --prompt-file FILE)\n"
+		"                [-n|--max-new-tokens N]\n"
 		"                [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
 		"                [--top-logprobs N] [--json]\n"
 		"  more: [--stop-ids 1,2] [--ignore-eos] [--threads N] [--block-size N]\n"
 		"        [--tp N] [--gpus 0,1,...]\n"
 		"        [--kv-blocks N] [--max-batch-tokens N] [--kv-dtype f32|f16|fp8]\n"
+		"       sm70-run --help | --version\n"
 		"Temperature 0 (the default) is greedy decoding. A prompt file holds token ids\n"
 		"separated by commas or white space.\n");
 }
@@ -131,6 +135,7 @@ int main(int argc, char **argv)
 		{ "tp", required_argument, 0, O_TP },
 		{ "gpus", required_argument, 0, O_GPUS },
 		{ "help", no_argument, 0, 'h' },
+		{ "version", no_argument, 0, 'V' },
 		{ 0, 0, 0, 0 },
 	};
 	struct sm70_engine_opts eo;
@@ -270,6 +275,9 @@ int main(int argc, char **argv)
 		}
 		case 'h':
 			usage(stdout);
+			return 0;
+		case 'V':
+			sm70_print_version(stdout, "sm70-run");
 			return 0;
 		default:
 			usage(stderr);

@@ -17,15 +17,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/version.h"
 #include "text/tokenizer.h"
 #include "tools/cli/cli.h"
 
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70-tokenize (-m MODEL_DIR | --tokenizer FILE) [--decode]\n"
+		"usage: sm70-tokenize (-m|--model MODEL_DIR | --tokenizer FILE) [--decode]\n"
 		"                     [--skip-special] [--special-as-text]\n"
 		"       sm70-tokenize (-m MODEL_DIR | --tokenizer FILE) --bench FILE [--repeat N]\n"
+		"       sm70-tokenize --help | --version\n"
 		"Reads JSON lines on stdin: {\"text\": \"...\"} gives {\"ids\": [...]}; with\n"
 		"--decode, {\"ids\": [...]} gives {\"text\": \"...\"}. A bad line gives\n"
 		"{\"error\": \"...\"} and the next line is read.\n");
@@ -206,6 +208,7 @@ int main(int argc, char **argv)
 		{"bench", required_argument, NULL, 'b'},
 		{"repeat", required_argument, NULL, 'r'},
 		{"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *model = NULL, *file = NULL, *bench_file = NULL;
@@ -235,6 +238,7 @@ int main(int argc, char **argv)
 			repeat = (int)x;
 			break;
 		case 'h': usage(stdout); return 0;
+		case 'V': sm70_print_version(stdout, "sm70-tokenize"); return 0;
 		default: usage(stderr); return 2;
 		}
 	}

@@ -32,6 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/version.h"
+
 /* The packaged daemon's admin socket (in sm70d.service's RuntimeDirectory), then the one a
  * daemon started by hand with the default client socket binds ("<socket>.admin"). */
 #define DEFAULT_ADMIN_SOCKET "/run/sm70d/admin.sock"
@@ -52,10 +54,11 @@ enum {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70ctl [--socket ADMIN_PATH] [--json] [-l SECONDS] COMMAND\n"
+		"usage: sm70ctl [--socket ADMIN_PATH] [--json] [--loop SECONDS] COMMAND\n"
+		"       sm70ctl --help | --version\n"
 		"commands:\n"
-		"  status          model, backend, GPUs, uptime, clients, jobs, KV use, tokens/s,\n"
-		"                  start-up warnings\n"
+		"  status          model, backend, GPUs, version, uptime, clients, jobs, KV use,\n"
+		"                  tokens/s, start-up warnings\n"
 		"  metrics         Prometheus text of every metric\n"
 		"  jobs            unfinished jobs\n"
 		"  clients         client sessions\n"
@@ -64,10 +67,13 @@ static void usage(FILE *f)
 		"  drain           stop admitting jobs, wait for the running ones, exit 0\n"
 		"                  (sm70d stays up refusing new jobs until it is restarted)\n"
 		"options:\n"
-		"  --socket PATH   admin socket (default $SM70_ADMIN_SOCKET, else %s,\n"
-		"                  else %s if the first does not exist)\n"
-		"  --json          print the daemon's JSON reply\n"
-		"  -l SECONDS      repeat every SECONDS\n"
+		"  -s, --socket PATH   admin socket (default $SM70_ADMIN_SOCKET, else\n"
+		"                      %s, else %s\n"
+		"                      if the first does not exist)\n"
+		"  -j, --json          print the daemon's JSON reply\n"
+		"  -l, --loop SECONDS  repeat every SECONDS\n"
+		"  -h, --help          this text\n"
+		"  --version           the version of sm70ctl (status shows the daemon's)\n"
 		"exit status: 0 ok, 1 the daemon said no, 2 usage, 3 not running, 4 unknown,\n"
 		"             5 permission denied, 6 not an sm70 admin socket\n",
 		DEFAULT_ADMIN_SOCKET, FALLBACK_ADMIN_SOCKET);
@@ -350,6 +356,7 @@ static void print_status(json_t *r, json_t *prev)
 	}
 	printf("state      %s%s\n", str(r, "state"),
 	       json_is_true(json_object_get(r, "ready")) ? " (ready)" : " (not ready)");
+	printf("version    sm70d %s\n", str(r, "version"));
 	printf("pid        %lld\n", inum(r, "pid"));
 	printf("uptime     %s\n", up);
 	if (json_is_true(json_object_get(json_object_get(r, "load"), "active"))) {
@@ -602,6 +609,7 @@ int main(int argc, char **argv)
 		{ "json", no_argument, 0, 'j' },
 		{ "loop", required_argument, 0, 'l' },
 		{ "help", no_argument, 0, 'h' },
+		{ "version", no_argument, 0, 'V' },
 		{ 0, 0, 0, 0 },
 	};
 	static struct ctl c; /* the reply buffer is large */
@@ -632,6 +640,9 @@ int main(int argc, char **argv)
 			break;
 		case 'h':
 			usage(stdout);
+			return EXIT_OK;
+		case 'V':
+			sm70_print_version(stdout, "sm70ctl");
 			return EXIT_OK;
 		default:
 			usage(stderr);

@@ -19,6 +19,7 @@
 
 #include "daemon/engine/block_pool.h"
 #include "daemon/engine/checkpoint.h"
+#include "daemon/engine/load_check.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/sampler_tp.h"
 #include "kernels/backend.h"
@@ -288,6 +289,90 @@ static void watch_uploads(struct sm70_engine *e, int watch)
 		watched.p = NULL;
 }
 
+/* The first steps of sm70_engine_open and sm70_engine_check: the backends, the
+ * checkpoint (config.json, the weight files' headers and index), the KV dtype. */
+static int open_parts(struct sm70_engine *e, const char *model_dir, struct sm70_err *err)
+{
+	const struct sm70_engine_opts *opts = &e->opts;
+	int ret = open_backends(e, err);
+
+	if (ret)
+		return ret;
+	if (opts->dummy_weights)
+		ret = sm70_ckpt_open_config_only(&e->ck, model_dir, err);
+	else
+		ret = sm70_ckpt_open(&e->ck, model_dir, err);
+	if (ret)
+		return ret;
+	if (opts->kv_dtype != SM70_DTYPE_COUNT &&
+	    ((unsigned)opts->kv_dtype >= 32 || !(e->be->kv_dtypes & (1u << opts->kv_dtype))))
+		return sm70_errf(err, -EINVAL, "the %s backend cannot hold the KV cache as %s",
+				 e->be->name, sm70_dtype_name(opts->kv_dtype));
+	return 0;
+}
+
+static struct sm70_model_opts model_opts(const struct sm70_engine *e)
+{
+	const struct sm70_engine_opts *opts = &e->opts;
+
+	return (struct sm70_model_opts){
+		.max_tokens = opts->max_batch_tokens,
+		.max_seqs = opts->max_seqs,
+		.block_size = opts->block_size,
+		.n_blocks = opts->kv_blocks,
+		.kv_bytes = opts->kv_bytes,
+		.kv_dtype = opts->kv_dtype != SM70_DTYPE_COUNT ? opts->kv_dtype :
+			    e->be->kv_dtype_default,
+		.dummy = opts->dummy_weights,
+		.dummy_seed = opts->dummy_seed,
+		.state_slots = opts->state_slots,
+		.gdn_recurrent = opts->gdn_recurrent,
+	};
+}
+
+int sm70_engine_check(const char *model_dir, const struct sm70_engine_opts *opts,
+		      char *summary, size_t summary_size, struct sm70_err *err)
+{
+	const struct sm70_backend_ops *orig[SM70_MAX_TP];
+	struct sm70_backend_ops check_ops;
+	struct sm70_model *m = NULL;
+	struct sm70_model_opts mo;
+	struct sm70_engine *e;
+	int ret;
+
+	if (summary_size)
+		summary[0] = '\0';
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	e->opts = *opts;
+	e->opts.progress = NULL;
+	e->bs = opts->block_size;
+	ret = open_parts(e, model_dir, err);
+	if (ret)
+		goto out;
+	mo = model_opts(e);
+	mo.check_only = 1;
+	/* the ranks' backends are of one kind (a watched load assumes so too), and the
+	 * no-op table calls none of their ops */
+	sm70__load_check_ops(&check_ops, e->ranks[0]->ops);
+	for (int r = 0; r < e->n_owned; r++) {
+		orig[r] = e->ranks[r]->ops;
+		e->ranks[r]->ops = &check_ops;
+	}
+	ret = sm70_model_load_tp(&m, e->ck, e->ranks, e->opts.tp, e->comm, &mo, err);
+	if (!ret && summary_size)
+		snprintf(summary, summary_size, "%s, %d layers, %zu weight file%s",
+			 m->cfg.model_type, m->cfg.n_layers, sm70_ckpt_n_files(e->ck),
+			 sm70_ckpt_n_files(e->ck) == 1 ? "" : "s");
+	sm70_model_free(m);
+	for (int r = 0; r < e->n_owned; r++)
+		e->ranks[r]->ops = orig[r];
+out:
+	sm70_engine_close(e);
+	return ret;
+}
+
 int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 		     const struct sm70_engine_opts *opts, struct sm70_err *err)
 {
@@ -301,37 +386,10 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 		return -ENOMEM;
 	e->opts = *opts;
 	e->bs = opts->block_size;
-
-	ret = open_backends(e, err);
+	ret = open_parts(e, model_dir, err);
 	if (ret)
 		goto fail;
-
-	if (opts->dummy_weights)
-		ret = sm70_ckpt_open_config_only(&e->ck, model_dir, err);
-	else
-		ret = sm70_ckpt_open(&e->ck, model_dir, err);
-	if (ret)
-		goto fail;
-
-	if (opts->kv_dtype != SM70_DTYPE_COUNT &&
-	    ((unsigned)opts->kv_dtype >= 32 || !(e->be->kv_dtypes & (1u << opts->kv_dtype)))) {
-		ret = sm70_errf(err, -EINVAL, "the %s backend cannot hold the KV cache as %s",
-				e->be->name, sm70_dtype_name(opts->kv_dtype));
-		goto fail;
-	}
-	mo = (struct sm70_model_opts){
-		.max_tokens = opts->max_batch_tokens,
-		.max_seqs = opts->max_seqs,
-		.block_size = opts->block_size,
-		.n_blocks = opts->kv_blocks,
-		.kv_bytes = opts->kv_bytes,
-		.kv_dtype = opts->kv_dtype != SM70_DTYPE_COUNT ? opts->kv_dtype :
-			    e->be->kv_dtype_default,
-		.dummy = opts->dummy_weights,
-		.dummy_seed = opts->dummy_seed,
-		.state_slots = opts->state_slots,
-		.gdn_recurrent = opts->gdn_recurrent,
-	};
+	mo = model_opts(e);
 	if (opts->progress)
 		__atomic_store_n(&opts->progress->total, load_total(e, model_dir),
 				 __ATOMIC_RELAXED);

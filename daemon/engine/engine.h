@@ -170,6 +170,20 @@ int sm70_engine_open(struct sm70_engine **out, const char *model_dir,
 		     const struct sm70_engine_opts *opts, struct sm70_err *err);
 void sm70_engine_close(struct sm70_engine *e);
 
+/*
+ * Checks that model_dir would load with opts, without loading it: opens the backends
+ * (and their communicator) and the checkpoint (config.json through the architecture
+ * registry, every weight file's header, the index), then runs the architecture's loader
+ * in its check-only mode: every tensor it needs looked up, with the shape and dtype it
+ * needs, and every other rule of the load, but no weight data read and nothing
+ * allocated on the backends. So a directory that would fail sm70_engine_open fails here
+ * with the same error (except for what only the data shows: non-finite weights, NaN
+ * block scales, and running out of device memory). summary (may be NULL with size 0)
+ * receives "qwen3, 28 layers, 4 weight files". Returns 0 or -errno with err set.
+ */
+int sm70_engine_check(const char *model_dir, const struct sm70_engine_opts *opts,
+		      char *summary, size_t summary_size, struct sm70_err *err);
+
 const struct sm70_model_config *sm70_engine_model_config(const struct sm70_engine *e);
 
 /* Queues a request. Returns 0 and its id, or -EINVAL (bad params: err says which),

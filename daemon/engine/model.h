@@ -37,6 +37,11 @@ struct sm70_model_opts {
 	enum sm70_dtype kv_dtype;
 	int dummy;            /* make deterministic pseudo-random weights, read no tensors */
 	uint64_t dummy_seed;
+	/* check only (sm70d --check-config): every lookup and every name, shape and dtype
+	 * rule of the load, but no weight data read or converted (nor its finiteness
+	 * checked) and no n-gram tables mapped; the caller gives the backends an op table
+	 * that allocates and copies nothing (load_check.h) */
+	int check_only;
 };
 
 /* Host-side description of one step; the model uploads it. Same meaning as

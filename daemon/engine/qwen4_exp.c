@@ -173,6 +173,10 @@ static int load_tables(struct sm70_model *m, const struct sm70_ckpt *ck, struct 
 		off[l] = total;
 		total += (size_t)h->rows * (size_t)row_dim * sm70_dtype_size(h->table_dtype);
 	}
+	if (m->opts.check_only) { /* the shards' names, shapes and dtypes are checked */
+		free(sh);
+		return ret;
+	}
 	if (!ret && !(m->pinned = sm70__pinned_alloc(total, err)))
 		ret = -ENOMEM;
 	if (!ret)

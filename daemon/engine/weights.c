@@ -273,6 +273,8 @@ static int copy_window(struct sm70_model *m, void *dst, enum sm70_dtype dt,
 	int runs = whole_rows ? 1 : p->rows;
 	size_t run = whole_rows ? (size_t)p->rows * cols : (size_t)cols;
 
+	if (m->opts.check_only)
+		return 0; /* the tensor was found and its shape and dtype checked */
 	for (int i = 0; i < runs; i++) {
 		const char *src = (const char *)t->data +
 				  (((size_t)p->row0 + i) * full_cols + col0) * src_esz;
@@ -416,7 +418,7 @@ int sm70__f32_load(struct sm70_model *m, int r, const struct sm70_ckpt *ck, floa
 	host = malloc(total * sizeof(float));
 	if (!host)
 		return -ENOMEM;
-	for (int i = 0; i < n_bands; i++) {
+	for (int i = 0; i < n_bands && !m->opts.check_only; i++) {
 		size_t n = (size_t)bands[i].rows * inner, first = (size_t)bands[i].row0 * inner;
 
 		row = host + off;

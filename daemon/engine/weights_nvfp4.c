@@ -337,15 +337,16 @@ static int nan_scale(const struct sm70_st_tensor *t, size_t row, size_t b, uint8
 }
 
 /* Part p's rows and columns [col0, col0 + cols) of codes and block scales into the
- * stack's rows (cols / 2 and cols / 16 bytes each); an E4M3 NaN scale is refused. */
-static int copy_band(uint8_t *codes, uint8_t *scales, const struct nvfp4_src *s,
-		     const struct sm70_weight_part *p, int full_cols, int col0, int cols,
-		     struct sm70_err *err)
+ * stack's rows (cols / 2 and cols / 16 bytes each); an E4M3 NaN scale is refused. A
+ * check-only load (model.h) reads none of them. */
+static int copy_band(const struct sm70_model *m, uint8_t *codes, uint8_t *scales,
+		     const struct nvfp4_src *s, const struct sm70_weight_part *p, int full_cols,
+		     int col0, int cols, struct sm70_err *err)
 {
 	const size_t crow = (size_t)full_cols / 2, srow = (size_t)full_cols / SM70_NVFP4_BLOCK;
 	const size_t ccols = (size_t)cols / 2, scols = (size_t)cols / SM70_NVFP4_BLOCK;
 
-	for (int i = 0; i < p->rows; i++) {
+	for (int i = 0; i < p->rows && !m->opts.check_only; i++) {
 		const size_t row = (size_t)p->row0 + (size_t)i;
 		const uint8_t *sc = (const uint8_t *)s->scales->data + row * srow +
 				    (size_t)col0 / SM70_NVFP4_BLOCK;
@@ -505,7 +506,8 @@ int sm70__nvfp4_weight_load(struct sm70_model *m, int r, const struct sm70_ckpt 
 				   cols);
 			src.scale2 = dummy_scale2(full_cols);
 		} else if ((ret = nvfp4_source(m, ck, &parts[i], full_cols, &src, err)) ||
-			   (ret = copy_band(c, s, &src, &parts[i], full_cols, col0, cols, err))) {
+			   (ret = copy_band(m, c, s, &src, &parts[i], full_cols, col0, cols,
+						   err))) {
 			goto out;
 		}
 		for (int k = 0; k < parts[i].rows; k++)
@@ -745,8 +747,8 @@ static int fused_experts(struct expert_load *x, struct sm70_err *err)
 			const int t = j == 2;
 			struct expert_band b = band_of(x, e, j, names[t]);
 
-			ret = copy_band(stack_codes(&b, e), stack_scales(&b, e), &src[t], &b.part,
-					b.full_cols, b.col0, b.cols, err);
+			ret = copy_band(x->m, stack_codes(&b, e), stack_scales(&b, e), &src[t],
+					&b.part, b.full_cols, b.col0, b.cols, err);
 			band_scale2(&b, e, s2[t * x->n_experts + e]);
 		}
 out:
@@ -768,8 +770,8 @@ static int per_expert_experts(struct expert_load *x, struct sm70_err *err)
 			expert_name(name, sizeof(name), x->p, e, expert_proj[j]);
 			b = band_of(x, e, j, name);
 			if ((ret = nvfp4_source(x->m, x->ck, &b.part, b.full_cols, &src, err)) ||
-			    (ret = copy_band(stack_codes(&b, e), stack_scales(&b, e), &src, &b.part,
-					     b.full_cols, b.col0, b.cols, err)))
+			    (ret = copy_band(x->m, stack_codes(&b, e), stack_scales(&b, e), &src,
+					     &b.part, b.full_cols, b.col0, b.cols, err)))
 				break;
 			band_scale2(&b, e, src.scale2);
 		}

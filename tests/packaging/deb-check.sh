@@ -105,7 +105,7 @@ dpkg-query -W -f='${Status}\n' $PKGS | grep -vq "install ok installed" &&
 	fatal "not every package is installed"
 
 MA=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
-SDKV=$(sed -n "s/^SDK_VERSION = '\(.*\)'\$/\1/p" SConstruct)
+SDKV=$(sed -n "s/^VERSION = '\(.*\)'\$/\1/p" SConstruct)  # the library's file follows it
 missing_files=""
 for f in /usr/sbin/sm70d /usr/sbin/sm70ctl /usr/bin/sm70-run /usr/bin/sm70-generate \
 	/usr/bin/sm70-quantize /usr/share/man/man1/sm70-quantize.1.gz \
@@ -114,6 +114,10 @@ for f in /usr/sbin/sm70d /usr/sbin/sm70ctl /usr/bin/sm70-run /usr/bin/sm70-gener
 	/usr/share/man/man8/sm70d.8.gz /usr/share/man/man8/sm70ctl.8.gz /usr/share/man/man1/sm70-run.1.gz \
 	/usr/share/man/man1/sm70-generate.1.gz /usr/share/man/man3/sm70_submit.3.gz \
 	/usr/share/man/man3/sm70_client_connect.3.gz /usr/share/man/man3/sm70_client_loading.3.gz \
+	/usr/share/man/man3/sm70_client_info.3.gz /usr/share/man/man3/sm70_next_event.3.gz \
+	/usr/share/man/man3/sm70_generate.3.gz /usr/share/man/man3/sm70_strerror.3.gz \
+	/usr/share/man/man1/sm70-tokenize.1.gz /usr/share/man/man1/sm70-bench.1.gz \
+	/usr/share/doc/sm70d/OBSERVABILITY.md.gz /usr/share/doc/sm70d/OPERATIONS.md.gz \
 	/usr/lib/"$MA"/libsm70client.so.$SDKV /usr/lib/"$MA"/libsm70client.so.0 \
 	/usr/lib/"$MA"/libsm70client.so /usr/lib/"$MA"/libsm70client.a \
 	/usr/lib/"$MA"/pkgconfig/libsm70client.pc /usr/include/sm70/client.h \
@@ -124,6 +128,17 @@ if [ -z "$missing_files" ]; then
 	pass "installed files are in place (bin, sbin, lib/$MA, include, pkgconfig, units, man)"
 else
 	fail "installed files missing:$missing_files"
+fi
+bad_versions=""
+for b in /usr/sbin/sm70d /usr/sbin/sm70ctl /usr/bin/sm70-run /usr/bin/sm70-generate \
+	/usr/bin/sm70-quantize /usr/bin/sm70-tokenize /usr/bin/sm70-bench; do
+	"$b" --version 2>&1 | grep -Eqx "${b##*/} $SDKV \(git [^ ]+\)" ||
+		bad_versions="$bad_versions ${b##*/}"
+done
+if [ -z "$bad_versions" ]; then
+	pass "every installed binary says '$(/usr/sbin/sm70d --version)' (NAME $SDKV) to --version"
+else
+	fail "--version is not 'NAME $SDKV (git ...)' for:$bad_versions"
 fi
 check "/etc/sm70d/sm70d.json is a conffile" \
 	sh -c "dpkg-query -W -f='\${Conffiles}' sm70d | grep -q ' /etc/sm70d/sm70d.json '"

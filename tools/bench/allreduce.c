@@ -34,6 +34,7 @@ struct row {
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: sm70-bench allreduce [--gpus N] [--iters N] [--per N] [--json]\n"
+		   "                            [--help]\n"
 		   "  --gpus N    GPUs 0..N-1 (default: all present, at most 4)\n"
 		   "  --iters N   samples per figure, median reported (default 30)\n"
 		   "  --per N     calls per sample and per captured graph (default 100)\n"

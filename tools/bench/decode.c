@@ -63,13 +63,13 @@ static int parse_list(const char *s, int *out, int max)
 	return n;
 }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-	fprintf(stderr,
-		"usage: sm70-bench decode -m MODEL_DIR [--backend cuda|cpu] [--load-format "
+	fprintf(f,
+		"usage: sm70-bench decode -m|--model MODEL_DIR [--backend cuda|cpu] [--load-format "
 		"auto|dummy]\n"
 		"         [--batch 1,8,16] [--ctx 1024,16384] [--steps N] [--kv-dtype f16|fp8|f32]\n"
-		"         [--kv-gib G] [--bw-gbs GBPS] [--tp N] [--gpus 0,1,...]\n");
+		"         [--kv-gib G] [--bw-gbs GBPS] [--tp N] [--gpus 0,1,...] [--help]\n");
 }
 
 /* One configuration on an open engine: returns 0 and fills tokens/s and bytes per step.
@@ -157,7 +157,8 @@ int sm70__bench_decode(int argc, char **argv)
 		{ "ctx", required_argument, 0, 'c' }, { "steps", required_argument, 0, 's' },
 		{ "kv-dtype", required_argument, 0, 'k' }, { "kv-gib", required_argument, 0, 'g' },
 		{ "bw-gbs", required_argument, 0, 'w' }, { "tp", required_argument, 0, 't' },
-		{ "gpus", required_argument, 0, 'G' }, { 0, 0, 0, 0 },
+		{ "gpus", required_argument, 0, 'G' }, { "help", no_argument, 0, 'h' },
+		{ 0, 0, 0, 0 },
 	};
 	struct sm70_engine_opts eo;
 	struct sm70_engine *e = NULL;
@@ -198,12 +199,13 @@ int sm70__bench_decode(int argc, char **argv)
 			eo.kv_dtype = strcmp(optarg, "fp8") == 0 ? SM70_DTYPE_F8E4M3 :
 				      strcmp(optarg, "f32") == 0 ? SM70_DTYPE_F32 : SM70_DTYPE_F16;
 			break;
-		default: usage(); return 2;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
 		}
 	}
 	if (!model || n_b < 1 || n_c < 1 || steps < 1 || kv_gib <= 0 || eo.tp < 1 ||
 	    eo.n_gpus < 0) {
-		usage();
+		usage(stderr);
 		return 2;
 	}
 	eo.kv_bytes = (size_t)(kv_gib * (1u << 30));

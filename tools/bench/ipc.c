@@ -600,7 +600,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: sm70-bench ipc [--daemon PATH] [--model DIR] [--samples N] [--gap-us N]\n"
-		"                      [--stream-tokens N] [--jobs N] [--seconds S]\n"
+		"                      [--stream-tokens N] [--jobs N] [--seconds S] [--help]\n"
 		"Starts sm70d --backend null --load-format dummy on DIR's config.json (default\n"
 		"tests/fixtures/qwen3-gqa2-d64-tied) and measures token delivery latency and\n"
 		"event rate through libsm70client, next to an AF_UNIX SOCK_SEQPACKET baseline.\n");
