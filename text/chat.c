@@ -62,7 +62,7 @@ int sm70_chat_identify(const char *tmpl, size_t len, enum sm70_chat_format *out,
 }
 
 /* tokenizer_config.json's chat_template: a string, or [{"name", "template"}...] of which
- * transformers uses "default". Returns 0 with *s/*n (borrowed from root), -ENOENT, -EINVAL. */
+ * transformers uses "default". Returns 0 with the text in s, n (borrowed from root), -ENOENT, -EINVAL. */
 static int config_template(json_t *root, const char *path, const char **s, size_t *n,
 			   struct sm70_err *err)
 {
@@ -122,9 +122,9 @@ int sm70_chat_load_dir(const char *dir, enum sm70_chat_format *out, struct sm70_
 	char path[4096];
 	json_error_t je;
 	json_t *root;
-	const char *s;
-	char *file;
-	size_t n;
+	const char *s = NULL;
+	char *file = NULL;
+	size_t n = 0;
 	int rc;
 
 	*out = SM70_CHAT_NONE;
