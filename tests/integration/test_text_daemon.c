@@ -233,6 +233,39 @@ static void test_reference(void **state)
 			 "choose another prompt");
 	print_message("stops: \"%s\" at byte %zu (token %u), \"%s\" at byte %zu (token %u)\n",
 		      S1, S1_at, S1_tokens, S2, S2_at, S2_tokens);
+
+	/* A stop string that the text's last character begins: that character is held back
+	 * to the end and comes with the FINISH, and the job ends by length, text complete. */
+	{
+		struct out o2 = {0};
+		size_t last = F_len - 1, n;
+		char s3[16];
+		const char *const stops[] = { s3 };
+		int finish_text = 0;
+
+		while (last && ((unsigned char)F[last] & 0xC0) == 0x80)
+			last--;
+		sm70__utf8_get((const uint8_t *)F + last, &n);
+		memcpy(s3, F + last, n);
+		strcpy(s3 + n, "\x7f!");
+		p.stop = stops;
+		p.n_stop = 1;
+		assert_int_equal(sm70_submit_text(c, &j, &p, &id), 0);
+		while (!o2.done) {
+			assert_int_equal(sm70_next_event(c, &ev, 10000), 0);
+			if (ev.type == SM70_EVENT_FINISH)
+				finish_text = (int)ev.text_len;
+			take(&o2, &ev);
+		}
+		if (o2.bad)
+			fail_msg("held-back end: %s", o2.why);
+		assert_int_equal(o2.reason, SM70_REASON_LENGTH);
+		assert_int_equal(o2.len, F_len);
+		assert_memory_equal(o2.text, F, F_len);
+		assert_true(finish_text >= (int)n);
+		print_message("a stop string begun by the last character: %d bytes held back "
+			      "to the FINISH, text complete\n", finish_text);
+	}
 	sm70_client_close(c);
 }
 
@@ -444,7 +477,7 @@ static json_t *run_generate(const char *args)
 
 static void test_generate_tool(void **state)
 {
-	char args[64];
+	char args[256];
 	json_t *o, *toks;
 	double tps;
 
@@ -461,6 +494,10 @@ static void test_generate_tool(void **state)
 					      "decode_tokens_per_s"));
 	assert_true(tps > 0 && tps < 1e6);
 	json_decref(o);
+	/* text options need a text prompt: exit 2 before connecting */
+	snprintf(args, sizeof(args), "%s/bin/sm70-generate --prompt-ids 1 --stop x 2>/dev/null",
+		 sm70t_build_dir());
+	assert_int_equal(WEXITSTATUS(system(args)), 2);
 
 	snprintf(args, sizeof(args), "--stop '%s'", S1);
 	o = run_generate(args);
