@@ -323,6 +323,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "sm70-tokenize: --decode and --chat exclude each other\n");
 		return 2;
 	}
+	if (want_chat && (flags & SM70_TOK_SPECIAL_AS_TEXT)) {
+		/* it would turn the template's own <|im_start|> into text too */
+		fprintf(stderr, "sm70-tokenize: --special-as-text does not go with --chat (the "
+			"template's special tokens must stay tokens)\n");
+		return 2;
+	}
 	rc = model ? sm70_tokenizer_load_dir(model, &tok, &err) :
 		     sm70_tokenizer_load(file, &tok, &err);
 	if (rc) {

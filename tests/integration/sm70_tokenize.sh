@@ -156,4 +156,7 @@ cp "$TJ" "$T/notemplate/tokenizer.json"
 rc=0
 "$TOOL" -m "$T/notemplate" --chat </dev/null 2>"$T/err" || rc=$?
 [ $rc -eq 2 ] && grep -q "no chat template" "$T/err" || fail "no template: rc $rc, $(cat "$T/err")"
-echo "chat: a model without a template is exit code 2, named"
+rc=0
+"$TOOL" -m "$T/model" --chat --special-as-text </dev/null 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] && grep -q "does not go with --chat" "$T/err" || fail "--chat --special-as-text: rc $rc"
+echo "chat: a model without a template, or --special-as-text, is exit code 2, named"
