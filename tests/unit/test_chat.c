@@ -139,11 +139,12 @@ static void test_identify(void **state)
 	const char *tmpl = json_string_value(json_object_get(cfg, "chat_template"));
 	struct sm70_err err = {{0}};
 	enum sm70_chat_format f;
-	char dir[64], *other, *list, *jinja_nl;
+	char dir[64], *other, *list, *jinja_nl, *whole = json_dumps(cfg, 0);
 
 	assert_non_null(tmpl);
 	/* the fixture's config, as a model directory ships it */
-	make_dir(dir, json_dumps(cfg, 0), NULL);
+	make_dir(dir, whole, NULL);
+	free(whole);
 	assert_int_equal(sm70_chat_load_dir(dir, &f, &err), 0);
 	assert_int_equal(f, SM70_CHAT_QWEN3);
 	assert_string_equal(sm70_chat_format_name(f), "qwen3");
