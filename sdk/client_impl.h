@@ -85,6 +85,8 @@ struct sm70_client {
 	struct sm70_tokenizer *tok; /* set once, then read-only */
 	int chat_format;	    /* enum sm70_chat_format; 0: none */
 	char chat_error[256];	    /* why there is none */
+	int text_used;		    /* 1 once a text job was submitted (atomic): until then
+				     * handing out an event costs nothing more than before */
 	struct sm70__text_job **texts; /* under lock */
 	size_t n_texts, cap_texts;
 	struct sm70_text text_out; /* consumer: the text of the event last handed out */

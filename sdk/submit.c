@@ -173,6 +173,7 @@ int sm70__submit(struct sm70_client *c, const struct sm70_job *job, uint64_t *jo
 	if (t) {
 		t->id = e.tag;
 		c->texts[c->n_texts++] = t;
+		__atomic_store_n(&c->text_used, 1, __ATOMIC_RELEASE);
 	}
 	*job_id = c->next_id++;
 	ret = 0;

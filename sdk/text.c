@@ -284,6 +284,10 @@ int sm70__text_apply(struct sm70_client *c, struct sm70_event *ev)
 	struct sm70__text_job *t;
 	int rc;
 
+	/* set before the entry of the first text job was published, so before any of its
+	 * events could be read */
+	if (!__atomic_load_n(&c->text_used, __ATOMIC_ACQUIRE))
+		return 0;
 	t = text_find(c, ev->job_id, final);
 	if (!t)
 		return 0;
