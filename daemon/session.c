@@ -422,6 +422,18 @@ static uint32_t min_u32(uint32_t a, uint32_t b)
 	return a < b ? a : b;
 }
 
+/* The model directory as clients see it (protocol 1.2): absolute, so that it means the same
+ * from the client's working directory; "" when it does not fit. */
+static void model_dir_for_client(const struct sm70__daemon *d, char out[SM70_PROTO_MODEL_DIR_LEN])
+{
+	char *abs = realpath(d->cfg.model_dir, NULL);
+
+	memset(out, 0, SM70_PROTO_MODEL_DIR_LEN);
+	if (abs && strlen(abs) < SM70_PROTO_MODEL_DIR_LEN)
+		memcpy(out, abs, strlen(abs));
+	free(abs);
+}
+
 /* Creates the segment and the eventfds, sends the welcome. Returns 0 or -errno (the caller
  * refuses the client). */
 static int welcome(struct sm70__daemon *d, struct sm70__session *s,
@@ -464,6 +476,7 @@ static int welcome(struct sm70__daemon *d, struct sm70__session *s,
 		return -EINVAL;
 	hdr.session_id = s->id;
 	hdr.limits = lim;
+	model_dir_for_client(d, hdr.model_dir);
 
 	snprintf(memname, sizeof(memname), "sm70-session-%u", s->id);
 	session_spares_release(s); /* they were kept for the three descriptors made here */

@@ -2,7 +2,7 @@
 # Installs what is missing, builds, and runs every test: the normal build, then the
 # whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, then the libFuzzer
 # targets for submission-entry validation and the tokenizer, each for a bounded time
-# (FUZZ_SECONDS, default 60), then (in CI) the V100 build (sm_70 with CUDA 11.8) and the
+# (FUZZ_SECONDS, default 60), and the chat format's (FUZZ_CHAT_SECONDS, default 15), then (in CI) the V100 build (sm_70 with CUDA 11.8) and the
 # Debian packages end to end.
 # Usage: scripts/test.sh            (from anywhere; needs root or sudo for installs)
 set -eu
@@ -19,6 +19,8 @@ echo "== fuzz sm70_proto_validate_submit (${FUZZ_SECONDS:-60} s)"
 tests/fuzz/run.sh
 echo "== fuzz the tokenizer (${FUZZ_SECONDS:-60} s)"
 tests/fuzz/run-tokenizer.sh
+echo "== fuzz the chat format (${FUZZ_CHAT_SECONDS:-15} s)"
+FUZZ_SECONDS=${FUZZ_CHAT_SECONDS:-15} tests/fuzz/run-chat.sh
 # The V100 build: the CUDA backend compiled for sm_70 with Debian's CUDA 11.8 (CUDA 13
 # cannot target it), so the claim that every kernel keeps to the SM70 feature set is
 # checked. It downloads 1.6 GB: CI (CI=true) or SM70_TEST_V100=1.

@@ -465,9 +465,13 @@ SM70_API int sm70_client_connect(struct sm70_client **out, const char *socket_pa
 	ret = -pthread_mutex_init(&c->lock, NULL);
 	if (ret)
 		goto err_free;
+	ret = -pthread_mutex_init(&c->tok_lock, NULL);
+	if (ret)
+		goto err_mutex;
 	c->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (c->epfd < 0) {
 		ret = -errno;
+		pthread_mutex_destroy(&c->tok_lock);
 		goto err_mutex;
 	}
 	*out = c;
@@ -504,6 +508,8 @@ SM70_API void sm70_client_close(struct sm70_client *c)
 		return;
 	sm70__session_close(c);
 	close(c->epfd);
+	sm70__text_close(c);
+	pthread_mutex_destroy(&c->tok_lock);
 	pthread_mutex_destroy(&c->lock);
 	free(c->jobs);
 	free(c->held);

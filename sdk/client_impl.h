@@ -17,6 +17,10 @@
 
 #include "sdk/ring.h"
 #include "sm70/client.h"
+#include "text/utf8.h"
+
+struct sm70_tokenizer;
+struct sm70_detok;
 
 /* A job submitted on this handle whose final event has not been returned yet. */
 struct sm70__job {
@@ -24,6 +28,16 @@ struct sm70__job {
 	uint64_t user_tag;
 	uint32_t prompt_len;
 	uint32_t n_tokens; /* TOKEN events seen, for synthesized usage */
+};
+
+/* A text job's output state (0.3): created by sm70_submit_text, used by the consumer as it
+ * hands the job's events to the application, freed with its final event. */
+struct sm70__text_job {
+	uint64_t id;
+	struct sm70_detok *detok;
+	uint32_t delivered; /* TOKEN events handed to the application */
+	int stop_index;	    /* >= 0 once a stop string matched */
+	int cancel_sent;
 };
 
 struct sm70_client {
@@ -65,6 +79,17 @@ struct sm70_client {
 	/* ---- consumer side: events to return before reading the ring ---- */
 	struct sm70_event *held;
 	size_t held_head, held_n, held_cap;
+
+	/* ---- text (0.3) ---- */
+	pthread_mutex_t tok_lock; /* loading the tokenizer */
+	struct sm70_tokenizer *tok; /* set once, then read-only */
+	int chat_format;	    /* enum sm70_chat_format; 0: none */
+	char chat_error[256];	    /* why there is none */
+	int text_used;		    /* 1 once a text job was submitted (atomic): until then
+				     * handing out an event costs nothing more than before */
+	struct sm70__text_job **texts; /* under lock */
+	size_t n_texts, cap_texts;
+	struct sm70_text text_out; /* consumer: the text of the event last handed out */
 };
 
 /* Formats the handle's last_error. Returns err unchanged, for `return sm70__fail(...)`. */
@@ -100,6 +125,27 @@ int sm70__held_take(struct sm70_client *c, uint64_t id, struct sm70_event *ev);
  * went away and its remaining events were read (the synthesized ones are then held).
  */
 int sm70__fetch(struct sm70_client *c, struct sm70_event *ev, int timeout_ms);
+
+/* sm70_submit, also registering text state t (may be NULL) for the job under the same
+ * lock, so that no event of the job can be handed out before the library knows it. */
+int sm70__submit(struct sm70_client *c, const struct sm70_job *job, uint64_t *job_id,
+		 struct sm70__text_job *t);
+
+/* Tokenizes a text prompt into *ids (free()d by the caller) and makes its text state.
+ * Returns 0 or an sm70_submit_text error (last_error set). */
+int sm70__text_prepare(struct sm70_client *c, const struct sm70_job *job,
+		       const struct sm70_text_prompt *p, uint32_t **ids, uint32_t *n_ids,
+		       struct sm70__text_job **t);
+void sm70__text_job_free(struct sm70__text_job *t);
+
+/* Consumer: gives *ev of a text job its text (a token's delta, the held-back end at the
+ * final event), cancels a job whose stop string matched, and turns its final event into a
+ * STOP_STRING finish. Returns 1 when the event is not for the application (a token after
+ * the stop), else 0. Events of other jobs pass unchanged. */
+int sm70__text_apply(struct sm70_client *c, struct sm70_event *ev);
+
+/* Frees the handle's text state (at close). */
+void sm70__text_close(struct sm70_client *c);
 
 /* Writes 1 to the doorbell (a full eventfd counter means the daemon is already woken). */
 void sm70__ring_doorbell(const struct sm70_client *c);

@@ -111,6 +111,7 @@ int sm70__end_live_jobs(struct sm70_client *c, int err, const char *why)
 		ev.error = err;
 		ev.usage.prompt_tokens = j->prompt_len;
 		ev.usage.completion_tokens = j->n_tokens;
+		ev.stop_index = -1;
 		snprintf(ev.message, sizeof(ev.message), "%s", why);
 		ret = sm70__held_push(c, &ev);
 		if (ret)
@@ -168,6 +169,7 @@ static int convert(struct sm70_client *c, const struct sm70_proto_eqe *q, struct
 	memset(ev, 0, sizeof(*ev));
 	ev->size = sizeof(*ev);
 	ev->job_id = q->tag;
+	ev->stop_index = -1;
 	switch (q->type) {
 	case SM70_PROTO_EV_TOKEN:
 		ev->type = SM70_EVENT_TOKEN;
@@ -379,15 +381,16 @@ SM70_API int sm70_next_event(struct sm70_client *c, struct sm70_event *ev, int t
 
 	if (!c || !ev || ev->size < sizeof(*ev))
 		return -EINVAL;
-	if (sm70__held_take(c, 0, &tmp))
-		goto out;
-	ret = sm70__fetch(c, &tmp, timeout_ms);
-	/* After a hang-up the synthesized final events are held: return them first. */
-	if (ret == -ECONNRESET && sm70__held_take(c, 0, &tmp))
-		ret = 0;
-	if (ret)
-		return ret;
-out:
+	do {
+		if (sm70__held_take(c, 0, &tmp))
+			continue;
+		ret = sm70__fetch(c, &tmp, timeout_ms);
+		/* After a hang-up the synthesized final events are held: return them first. */
+		if (ret == -ECONNRESET && sm70__held_take(c, 0, &tmp))
+			ret = 0;
+		if (ret)
+			return ret;
+	} while (sm70__text_apply(c, &tmp)); /* a text job's tokens after its stop string */
 	/* Newer callers may pass a larger struct: fill what this version knows. */
 	memcpy(ev, &tmp, sizeof(tmp));
 	return 0;

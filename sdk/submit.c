@@ -98,7 +98,30 @@ static int session_state(const struct sm70_client *c)
 	return 0;
 }
 
+/* Under c->lock: room for one more text job. */
+static int texts_reserve(struct sm70_client *c)
+{
+	struct sm70__text_job **nt;
+	size_t cap;
+
+	if (c->n_texts < c->cap_texts)
+		return 0;
+	cap = c->cap_texts ? c->cap_texts * 2 : 16;
+	nt = realloc(c->texts, cap * sizeof(*nt));
+	if (!nt)
+		return -ENOMEM;
+	c->texts = nt;
+	c->cap_texts = cap;
+	return 0;
+}
+
 SM70_API int sm70_submit(struct sm70_client *c, const struct sm70_job *job, uint64_t *job_id)
+{
+	return sm70__submit(c, job, job_id, NULL);
+}
+
+int sm70__submit(struct sm70_client *c, const struct sm70_job *job, uint64_t *job_id,
+		 struct sm70__text_job *t)
 {
 	struct sm70_proto_sqe e;
 	struct sm70__job *slot;
@@ -132,6 +155,8 @@ SM70_API int sm70_submit(struct sm70_client *c, const struct sm70_job *job, uint
 		goto out;
 	/* Room in the table first, so that nothing can fail after the entry is published. */
 	ret = jobs_reserve(c);
+	if (!ret && t)
+		ret = texts_reserve(c);
 	if (ret)
 		goto out;
 	e.tag = c->next_id;
@@ -145,6 +170,11 @@ SM70_API int sm70_submit(struct sm70_client *c, const struct sm70_job *job, uint
 	slot->user_tag = job->user_tag;
 	slot->prompt_len = job->prompt_len;
 	slot->n_tokens = 0;
+	if (t) {
+		t->id = e.tag;
+		c->texts[c->n_texts++] = t;
+		__atomic_store_n(&c->text_used, 1, __ATOMIC_RELEASE);
+	}
 	*job_id = c->next_id++;
 	ret = 0;
 out:

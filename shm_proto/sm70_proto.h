@@ -45,13 +45,15 @@ SM70_PROTO_ASSERT(sizeof(float) == 4, "float must be IEEE-754 binary32");
  * meaning to reserved space (zero keeps the old behaviour), so any minor of one major
  * interoperates with any other. */
 #define SM70_PROTO_VERSION_MAJOR 1
-#define SM70_PROTO_VERSION_MINOR 1 /* 1.1: LOADING messages before the welcome, E_LOADING */
+#define SM70_PROTO_VERSION_MINOR 2 /* 1.1: LOADING messages before the welcome, E_LOADING;
+				    * 1.2: the model directory in the segment header */
 
 #define SM70_PROTO_CACHELINE 64u
 #define SM70_PROTO_MAX_TOP 8u  /* top-logprob pairs inline in one TOKEN event */
 #define SM70_PROTO_MAX_STOP 8u /* stop tokens inline in one SUBMIT entry */
 #define SM70_PROTO_NAME_LEN 32u
 #define SM70_PROTO_MODEL_NAME_LEN 64u
+#define SM70_PROTO_MODEL_DIR_LEN 256u
 #define SM70_PROTO_REASON_LEN 232u
 #define SM70_PROTO_ERRMSG_LEN 104u
 /* Every control message fits in this; receivers read with a buffer this large. */
@@ -322,7 +324,11 @@ struct sm70_proto_seg_hdr {
 	uint8_t pad_client_sleeping[60];
 	uint32_t eq_space_wanted; /* D: 1 = ring the doorbell after advancing eq_head */
 	uint8_t pad_eq_space_wanted[60];
-	uint8_t reserved[384];
+	/* 1.2, D (once, before the fd is passed): the absolute path of the daemon's model
+	 * directory, NUL-terminated, so that a client can find the tokenizer; "" when it is
+	 * not known or longer than 255 bytes (and always "" from a 1.0/1.1 daemon) */
+	char model_dir[SM70_PROTO_MODEL_DIR_LEN];
+	uint8_t reserved[128];
 };
 SM70_PROTO_SIZE(sm70_proto_seg_hdr, 1024);
 SM70_PROTO_AT(sm70_proto_seg_hdr, magic, 0);
@@ -356,7 +362,8 @@ SM70_PROTO_AT(sm70_proto_seg_hdr, client_sleeping, 512);
 SM70_PROTO_AT(sm70_proto_seg_hdr, pad_client_sleeping, 516);
 SM70_PROTO_AT(sm70_proto_seg_hdr, eq_space_wanted, 576);
 SM70_PROTO_AT(sm70_proto_seg_hdr, pad_eq_space_wanted, 580);
-SM70_PROTO_AT(sm70_proto_seg_hdr, reserved, 640);
+SM70_PROTO_AT(sm70_proto_seg_hdr, model_dir, 640);
+SM70_PROTO_AT(sm70_proto_seg_hdr, reserved, 896);
 
 /* ---- submission entry (client -> daemon) --------------------------------------------- */
 

@@ -7,8 +7,8 @@
  * regex)] (Llama-3's variant of the regex, digits in groups of three, too), a BPE model by
  * merge rank, a ByteLevel decoder, added tokens with special / normalized / lstrip /
  * rstrip / single_word. Anything else in a tokenizer.json is refused at load with a
- * message naming it. Not here: chat templates (a layer above), offsets, truncation and
- * padding, training.
+ * message naming it. Not here: chat templates (text/chat.h, a layer above), offsets,
+ * truncation and padding, training.
  *
  * Threads: a loaded tokenizer is immutable; any number of threads may encode and decode
  * with it at once. A detokenizer is one stream's state: one thread at a time.

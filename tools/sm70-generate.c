@@ -1,13 +1,15 @@
 /*
- * sm70-generate - generate from one prompt of token ids through a running sm70d, using
- * libsm70client. Prints the tokens as they arrive, or with --json the same JSON object as
- * sm70-run --json (tokens, logprobs, top_logprobs, finish_reason, usage, timing), so the two
- * can be compared field by field.
+ * sm70-generate - generate from one prompt through a running sm70d, using libsm70client.
+ * The prompt is token ids, a text (--prompt) or a user turn of a chat (--chat), which the
+ * SDK tokenizes with the model's tokenizer. Prints the tokens (or, for a text prompt, the
+ * text) as they arrive, or with --json the same JSON object as sm70-run --json (tokens,
+ * logprobs, top_logprobs, finish_reason, usage, timing; "text" first for a text prompt), so
+ * the two can be compared field by field.
  *
  * Exit codes: 0 done, 2 bad arguments (including a job the daemon refused as invalid or too
  * large), 3 the daemon is not running (nothing listens on the socket), 1 any other failure.
- * Non-goals: tokenization; it links only the SDK and liburing, so JSON is printed by hand
- * (formatted exactly like jansson's compact output, which sm70-run uses).
+ * JSON is printed by hand, formatted exactly like jansson's compact output (which sm70-run
+ * uses), so the tool needs nothing beyond the SDK.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -24,6 +26,9 @@
 
 struct run {
 	int json;
+	int text;		 /* a text job: stream ev->text, keep it for --json */
+	char *out;		 /* the text so far */
+	size_t out_len, out_cap;
 	uint32_t *tokens;
 	float *logprobs;
 	struct sm70_top_logprob (*tops)[SM70_MAX_TOP_LOGPROBS];
@@ -35,15 +40,23 @@ struct run {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70-generate [--socket PATH] (--prompt-ids 1,2,3 | --prompt-file FILE)\n"
-		"                     [-n|--max-new-tokens N] [--temperature T] [--top-k K]\n"
-		"                     [--top-p P] [--seed S] [--top-logprobs N] [--stop-ids 1,2]\n"
+		"usage: sm70-generate [--socket PATH] (--prompt-ids 1,2,3 | --prompt-file FILE |\n"
+		"                     --prompt TEXT | --chat TEXT) [-n MAX_NEW_TOKENS]\n"
+		"                     [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+		"                     [--top-logprobs N] [--stop-ids 1,2] [--stop STRING]...\n"
 		"                     [--json]\n"
 		"  more: [--ignore-eos] [--priority N] [--deadline-ms MS] [--connect-timeout S]\n"
+		"        [--system TEXT] [--no-thinking] [--tokenizer PATH] [--keep-special]\n"
 		"       sm70-generate --help | --version\n"
 		"The socket defaults to $SM70_SOCKET, else " SM70_DEFAULT_SOCKET ".\n"
 		"Temperature 0 (the default) is greedy decoding; the seed defaults to 0, as in\n"
 		"sm70-run. A prompt file holds token ids separated by commas or white space.\n"
+		"--prompt TEXT is a raw text prompt; --chat TEXT a user turn (after --system\n"
+		"TEXT, if given) in the model's chat template (--no-thinking: enable_thinking\n"
+		"false). Their output streams as text, and --stop STRING (up to 16) ends the\n"
+		"job where the text first holds STRING, which is not printed. The tokenizer is\n"
+		"the daemon's model's (its tokenizer.json), or --tokenizer DIR_OR_FILE.\n"
+		"--keep-special: special tokens (<|im_end|>) stay in the text.\n"
 		"sm70-run's model options (-m/--model, --backend, --load-format, --threads,\n"
 		"--block-size, --kv-blocks, --max-batch-tokens, --kv-dtype, each with a value)\n"
 		"are accepted and ignored: the daemon's model and configuration are used.\n"
@@ -94,6 +107,7 @@ static const char *finish_name(uint32_t reason)
 	switch (reason) {
 	case SM70_REASON_STOP_EOS:
 	case SM70_REASON_STOP_TOKEN:
+	case SM70_REASON_STOP_STRING:
 		return "stop";
 	case SM70_REASON_LENGTH:
 		return "length";
@@ -106,11 +120,37 @@ static const char *finish_name(uint32_t reason)
 	}
 }
 
+/* Keeps (for --json) or prints a piece of the output text. */
+static void take_text(struct run *r, const char *s, size_t n)
+{
+	if (!r->json) {
+		fwrite(s, 1, n, stdout);
+		fflush(stdout);
+		return;
+	}
+	if (r->out_len + n + 1 > r->out_cap) {
+		size_t cap = (r->out_len + n + 1) * 2;
+		char *p = realloc(r->out, cap);
+
+		if (!p)
+			return; /* --json then lacks the end of the text; the tokens are kept */
+		r->out = p;
+		r->out_cap = cap;
+	}
+	memcpy(r->out + r->out_len, s, n);
+	r->out_len += n;
+	r->out[r->out_len] = '\0';
+}
+
 static int on_token(void *ctx, const struct sm70_event *ev)
 {
 	struct run *r = ctx;
 	double t = sm70__cli_now_s();
 
+	if (r->text && ev->text_len)
+		take_text(r, ev->text, ev->text_len);
+	if (ev->type != SM70_EVENT_TOKEN) /* a FINISH with the text held back at the end */
+		return 0;
 	if (r->n == 0)
 		r->t_first = t;
 	r->t_last = t;
@@ -121,11 +161,37 @@ static int on_token(void *ctx, const struct sm70_event *ev)
 		memcpy(r->tops[r->n], ev->top, sizeof(ev->top[0]) * ev->n_top);
 		r->n++;
 	}
-	if (!r->json) {
+	if (!r->json && !r->text) {
 		printf("%s%u", r->n > 1 ? " " : "", ev->token);
 		fflush(stdout);
 	}
 	return 0;
+}
+
+/* A JSON string as jansson writes it: \" \\ \b \f \n \r \t, other control characters as
+ * \u00XX, everything else (UTF-8 included) as it is. */
+static void put_string(const char *s, size_t n)
+{
+	putchar('"');
+	for (size_t i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)s[i];
+
+		switch (ch) {
+		case '"': fputs("\\\"", stdout); break;
+		case '\\': fputs("\\\\", stdout); break;
+		case '\b': fputs("\\b", stdout); break;
+		case '\f': fputs("\\f", stdout); break;
+		case '\n': fputs("\\n", stdout); break;
+		case '\r': fputs("\\r", stdout); break;
+		case '\t': fputs("\\t", stdout); break;
+		default:
+			if (ch < 0x20)
+				printf("\\u%04x", ch);
+			else
+				putchar(ch);
+		}
+	}
+	putchar('"');
 }
 
 static void print_json(const struct run *r, const struct sm70_result *res, double prefill_ms,
@@ -133,7 +199,13 @@ static void print_json(const struct run *r, const struct sm70_result *res, doubl
 {
 	uint32_t i, k;
 
-	fputs("{\"tokens\":[", stdout);
+	putchar('{');
+	if (r->text) {
+		fputs("\"text\":", stdout);
+		put_string(r->out ? r->out : "", r->out_len);
+		putchar(',');
+	}
+	fputs("\"tokens\":[", stdout);
 	for (i = 0; i < r->n; i++)
 		printf("%s%u", i ? "," : "", r->tokens[i]);
 	fputs("],\"logprobs\":[", stdout);
@@ -199,11 +271,19 @@ static int connect_waiting(struct sm70_client **c, const char *sock, double seco
 int main(int argc, char **argv)
 {
 	enum { O_SOCK = 256, O_PIDS, O_PFILE, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_TOPLP, O_JSON,
-	       O_STOP, O_IGNEOS, O_PRIO, O_DEADLINE, O_CTIMEOUT, O_IGNORED };
+	       O_STOP, O_IGNEOS, O_PRIO, O_DEADLINE, O_CTIMEOUT, O_IGNORED, O_PROMPT, O_CHAT,
+	       O_SYSTEM, O_NOTHINK, O_STOPSTR, O_TOKENIZER, O_KEEPSPECIAL };
 	static const struct option lopts[] = {
 		{ "socket", required_argument, 0, O_SOCK },
 		{ "prompt-ids", required_argument, 0, O_PIDS },
 		{ "prompt-file", required_argument, 0, O_PFILE },
+		{ "prompt", required_argument, 0, O_PROMPT },
+		{ "chat", required_argument, 0, O_CHAT },
+		{ "system", required_argument, 0, O_SYSTEM },
+		{ "no-thinking", no_argument, 0, O_NOTHINK },
+		{ "stop", required_argument, 0, O_STOPSTR },
+		{ "tokenizer", required_argument, 0, O_TOKENIZER },
+		{ "keep-special", no_argument, 0, O_KEEPSPECIAL },
 		{ "max-new-tokens", required_argument, 0, 'n' },
 		{ "temperature", required_argument, 0, O_TEMP },
 		{ "top-k", required_argument, 0, O_TOPK },
@@ -234,6 +314,10 @@ int main(int argc, char **argv)
 	struct sm70_client *c = NULL;
 	struct run r = { 0 };
 	const char *sock = NULL, *pids = NULL, *pfile = NULL, *bad = NULL;
+	const char *text = NULL, *chat = NULL, *system = NULL, *tokenizer = NULL;
+	const char *stop_strings[SM70_MAX_STOP_STRINGS];
+	struct sm70_message msgs[2];
+	struct sm70_text_prompt tp;
 	char *file_text = NULL;
 	int32_t *prompt = NULL, *stops = NULL;
 	long n;
@@ -241,6 +325,7 @@ int main(int argc, char **argv)
 	int opt, ret, rc = 1;
 
 	sm70_job_init(&job);
+	sm70_text_prompt_init(&tp);
 	job.flags = SM70_JOB_SEED; /* seed 0 unless --seed, like sm70-run */
 	while ((opt = getopt_long(argc, argv, "m:n:h", lopts, NULL)) != -1) {
 		switch (opt) {
@@ -258,6 +343,32 @@ int main(int argc, char **argv)
 			break;
 		case O_PFILE:
 			pfile = optarg;
+			break;
+		case O_PROMPT:
+			text = optarg;
+			break;
+		case O_CHAT:
+			chat = optarg;
+			break;
+		case O_SYSTEM:
+			system = optarg;
+			break;
+		case O_NOTHINK:
+			tp.flags |= SM70_TEXT_NO_THINKING;
+			break;
+		case O_KEEPSPECIAL:
+			tp.flags |= SM70_TEXT_KEEP_SPECIAL;
+			break;
+		case O_TOKENIZER:
+			tokenizer = optarg;
+			break;
+		case O_STOPSTR:
+			if (tp.n_stop == SM70_MAX_STOP_STRINGS)
+				return die_usage("--stop: at most 16 stop strings (one more: '%s')",
+						 optarg);
+			if (!optarg[0])
+				return die_usage("--stop wants a non-empty string%s", "");
+			stop_strings[tp.n_stop++] = optarg;
 			break;
 		case 'n':
 			if (sm70__cli_parse_int(optarg, 1, UINT32_MAX, &v))
@@ -340,8 +451,29 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc)
 		return die_usage("unexpected argument '%s'", argv[optind]);
-	if (!pids == !pfile)
-		return die_usage("%s", "give exactly one of --prompt-ids and --prompt-file");
+	if (!!pids + !!pfile + !!text + !!chat != 1)
+		return die_usage("%s", "give exactly one of --prompt-ids, --prompt-file, --prompt "
+				 "and --chat");
+	if (system && !chat)
+		return die_usage("%s", "--system belongs to a --chat prompt");
+	if ((tp.n_stop || tokenizer || tp.flags) && !text && !chat)
+		return die_usage("%s", "--stop, --tokenizer, --no-thinking and --keep-special "
+				 "need a text prompt (--prompt or --chat)");
+	r.text = text || chat;
+	if (r.text) {
+		uint32_t m = 0;
+
+		if (system)
+			msgs[m++] = (struct sm70_message){ .role = "system", .content = system };
+		if (chat) {
+			msgs[m++] = (struct sm70_message){ .role = "user", .content = chat };
+			tp.messages = msgs;
+			tp.n_messages = m;
+		}
+		tp.text = text;
+		tp.stop = stop_strings;
+		goto prompt_done;
+	}
 	if (pfile) {
 		file_text = sm70__cli_read_file(pfile);
 		if (!file_text) {
@@ -367,6 +499,7 @@ int main(int argc, char **argv)
 	}
 	job.prompt = (const uint32_t *)prompt; /* ids are 0..INT32_MAX */
 	job.prompt_len = (uint32_t)n;
+prompt_done:
 
 	r.cap = job.max_tokens < 1u << 20 ? job.max_tokens : 1u << 20;
 	r.tokens = malloc(sizeof(*r.tokens) * r.cap);
@@ -386,15 +519,27 @@ int main(int argc, char **argv)
 		rc = ret == -ENOENT || ret == -ECONNREFUSED ? 3 : 1;
 		goto out;
 	}
+	/* loaded before the clock starts (the daemon's when no --tokenizer), so that
+	 * prefill_ms does not count reading tokenizer.json */
+	if (r.text && (ret = sm70_client_tokenizer(c, tokenizer))) {
+		fprintf(stderr, "sm70-generate: %s\n", sm70_client_last_error(c));
+		rc = 2;
+		goto out;
+	}
 	r.t_submit = sm70__cli_now_s();
-	ret = sm70_generate(c, &job, on_token, &r, &res);
-	if (!r.json && r.n) {
+	res.job_id = 0;
+	ret = r.text ? sm70_generate_text(c, &job, &tp, on_token, &r, &res) :
+		       sm70_generate(c, &job, on_token, &r, &res);
+	if (!r.json && (r.n || r.out_len)) {
 		putchar('\n');
 		fflush(stdout); /* before the summary on stderr */
 	}
 	if (ret && res.job_id == 0) { /* never submitted */
-		fprintf(stderr, "sm70-generate: %s\n", sm70_strerror(ret));
-		rc = ret == -EINVAL || ret == -E2BIG ? 2 : 1;
+		/* a text prompt's failure (tokenizer, template, UTF-8) is explained there */
+		fprintf(stderr, "sm70-generate: %s\n", r.text && sm70_client_last_error(c)[0] ?
+			sm70_client_last_error(c) : sm70_strerror(ret));
+		rc = ret == -EINVAL || ret == -E2BIG || (r.text && ret != -ENOMEM &&
+			ret != -ECONNRESET && ret != -ENOTCONN) ? 2 : 1;
 		goto out;
 	}
 	if (ret == -SM70_E_INVALID || ret == -SM70_E_TOO_LARGE) {
@@ -404,8 +549,11 @@ int main(int argc, char **argv)
 	}
 
 	double prefill_ms = r.n ? (r.t_first - r.t_submit) * 1e3 : 0;
-	double decode_tps = r.n > 1 && r.t_last > r.t_first ?
-		(double)(r.n - 1) / (r.t_last - r.t_first) : 0;
+	/* From the daemon's clock: its decode_us runs from the first to the last token it
+	 * published, so this is the rate of the job's decode steps, not of this process
+	 * reading events (which may come in a burst and gave rates in the millions). */
+	double decode_tps = res.usage.completion_tokens > 1 && res.usage.decode_us ?
+		(double)(res.usage.completion_tokens - 1) * 1e6 / (double)res.usage.decode_us : 0;
 	if (r.json)
 		print_json(&r, &res, prefill_ms, decode_tps);
 	else
@@ -425,5 +573,6 @@ out:
 	free(r.n_tops);
 	free(prompt);
 	free(file_text);
+	free(r.out);
 	return rc;
 }

@@ -1,6 +1,8 @@
 /*
  * sm70-run - the offline runner: loads a model in-process (no daemon), generates from
- * one prompt of token ids, and prints the tokens (streamed) or one JSON object (--json).
+ * one prompt of token ids, a text (--prompt) or a chat turn (--chat) tokenized with the
+ * model's tokenizer.json, and prints the tokens or the text (streamed) or one JSON object
+ * (--json; with "text" first for a text prompt).
  *
  * Exit codes: 0 done, 2 bad arguments or a bad model directory (non-finite weights
  * included), 1 a failure while running, including a job that ended with an error
@@ -18,6 +20,8 @@
 
 #include "common/version.h"
 #include "daemon/engine/engine.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 #include "tools/cli/cli.h"
 
 struct run {
@@ -30,6 +34,10 @@ struct run {
 	char message[256]; /* why, for an error finish */
 	int prompt_tokens, completion_tokens;
 	double t_submit, t_first, t_last;
+	/* a text prompt: the output streams through a detokenizer with the stop strings */
+	struct sm70_detok *detok;
+	struct sm70_text out, delta;
+	int stopped;		/* a stop string matched: later tokens are not kept */
 };
 
 static void usage(FILE *f)
@@ -37,16 +45,21 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: sm70-run -m|--model MODEL_DIR [--backend cpu|cuda]\n"
 		"                [--load-format auto|dummy]\n"
-		"                (--prompt-ids 1,2,3 | --prompt-file FILE)\n"
-		"                [-n|--max-new-tokens N]\n"
+		"                (--prompt-ids 1,2,3 | --prompt-file FILE | --prompt TEXT |\n"
+		"                 --chat TEXT) [-n|--max-new-tokens N]\n"
 		"                [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
 		"                [--top-logprobs N] [--json]\n"
-		"  more: [--stop-ids 1,2] [--ignore-eos] [--threads N] [--block-size N]\n"
+		"  more: [--stop-ids 1,2] [--stop STRING]... [--ignore-eos] [--threads N]\n"
+		"        [--block-size N] [--system TEXT] [--no-thinking] [--keep-special]\n"
 		"        [--tp N] [--gpus 0,1,...]\n"
 		"        [--kv-blocks N] [--max-batch-tokens N] [--kv-dtype f32|f16|fp8]\n"
 		"       sm70-run --help | --version\n"
 		"Temperature 0 (the default) is greedy decoding. A prompt file holds token ids\n"
-		"separated by commas or white space.\n");
+		"separated by commas or white space. --prompt TEXT is a raw text prompt, --chat\n"
+		"TEXT a user turn (after --system TEXT) in the model's chat template\n"
+		"(--no-thinking: enable_thinking false); both use MODEL_DIR/tokenizer.json and\n"
+		"print text; --stop STRING (up to 16) ends where the text first holds STRING.\n"
+		"--keep-special: special tokens (<|im_end|>) stay in the text.\n");
 }
 
 static int die_usage(const char *fmt, const char *arg)
@@ -67,6 +80,24 @@ static void on_event(void *ctx, const struct sm70_event *ev)
 		if (r->n == 0)
 			r->t_first = t;
 		r->t_last = t;
+		if (r->stopped)
+			goto finish; /* made before the cancel took effect: not part of the output */
+		if (r->detok) {
+			int d;
+
+			sm70_text_clear(&r->delta);
+			/* an id the tokenizer lacks (a padded vocabulary) adds no text */
+			d = sm70_detok_push(r->detok, ev->sample.token, &r->delta);
+			if (d == SM70_DETOK_STOPPED)
+				r->stopped = 1;
+			if (ev->finish && !r->stopped)
+				sm70_detok_finish(r->detok, &r->delta);
+			sm70_text_append(&r->out, r->delta.s, r->delta.len);
+			if (!r->json) {
+				fwrite(r->delta.s, 1, r->delta.len, stdout);
+				fflush(stdout);
+			}
+		}
 		r->tokens[r->n] = ev->sample.token;
 		r->logprobs[r->n] = ev->sample.logprob;
 		json_t *alts = json_array();
@@ -76,11 +107,12 @@ static void on_event(void *ctx, const struct sm70_event *ev)
 						(double)ev->sample.top_logprobs[i]));
 		json_array_append_new(r->tops, alts);
 		r->n++;
-		if (!r->json) {
+		if (!r->json && !r->detok) {
 			printf("%d%c", ev->sample.token, ev->finish ? '\n' : ' ');
 			fflush(stdout);
 		}
 	}
+finish:
 	if (ev->finish) {
 		r->finish = ev->finish;
 		if (ev->message)
@@ -107,17 +139,76 @@ static const char *finish_name(enum sm70_finish f)
 	}
 }
 
+/* Tokenizes a text prompt (or a chat of an optional system turn and one user turn) with
+ * model_dir's tokenizer into req->prompt (malloc'd). Returns 0, or -1 after saying why. */
+static int text_prompt(const char *model_dir, const char *text, const char *chat,
+		       const char *system, int no_thinking, struct sm70_tokenizer **tok,
+		       struct sm70_request *req, int32_t **owned)
+{
+	struct sm70_err err = { { 0 } };
+	struct sm70_text t = { 0 };
+	struct sm70_ids ids = { 0 };
+	enum sm70_chat_format fmt;
+	int rc;
+
+	if (!model_dir) {
+		fprintf(stderr, "sm70-run: -m MODEL_DIR is required\n");
+		return -1;
+	}
+	if (sm70_tokenizer_load_dir(model_dir, tok, &err)) {
+		fprintf(stderr, "sm70-run: %s\n", err.msg);
+		return -1;
+	}
+	if (chat) {
+		struct sm70_chat_msg m[2];
+		size_t n = 0;
+
+		if (sm70_chat_load_dir(model_dir, &fmt, &err)) {
+			fprintf(stderr, "sm70-run: --chat: %s\n", err.msg);
+			return -1;
+		}
+		if (system)
+			m[n++] = (struct sm70_chat_msg){ .role = "system", .content = system,
+							 .content_len = strlen(system) };
+		m[n++] = (struct sm70_chat_msg){ .role = "user", .content = chat,
+						 .content_len = strlen(chat) };
+		rc = sm70_chat_render(fmt, m, n, SM70_CHAT_ADD_GENERATION_PROMPT |
+				      (no_thinking ? SM70_CHAT_NO_THINKING : 0), &t, &err);
+	} else {
+		rc = sm70_text_append(&t, text, strlen(text));
+	}
+	if (!rc)
+		rc = sm70_tokenizer_encode(*tok, t.s ? t.s : "", t.len, 0, &ids, &err);
+	sm70_text_free(&t);
+	if (!rc && !ids.n)
+		rc = sm70_errf(&err, -EINVAL, "the prompt is empty (it makes no tokens)");
+	if (rc) {
+		fprintf(stderr, "sm70-run: %s: %s\n", chat ? "--chat" : "--prompt", err.msg);
+		sm70_ids_free(&ids);
+		return -1;
+	}
+	req->prompt = *owned = ids.v;
+	req->n_prompt = (int)ids.n;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	enum { O_BACKEND = 256, O_LOAD, O_PIDS, O_PFILE, O_TEMP, O_TOPK, O_TOPP, O_SEED,
 	       O_TOPLP, O_JSON, O_STOP, O_IGNEOS, O_THREADS, O_BS, O_KVB, O_MBT, O_KV16, O_TP,
-	       O_GPUS };
+	       O_GPUS, O_PROMPT, O_CHAT, O_SYSTEM, O_NOTHINK, O_STOPSTR, O_KEEPSPECIAL };
 	static const struct option lopts[] = {
 		{ "model", required_argument, 0, 'm' },
 		{ "backend", required_argument, 0, O_BACKEND },
 		{ "load-format", required_argument, 0, O_LOAD },
 		{ "prompt-ids", required_argument, 0, O_PIDS },
 		{ "prompt-file", required_argument, 0, O_PFILE },
+		{ "prompt", required_argument, 0, O_PROMPT },
+		{ "chat", required_argument, 0, O_CHAT },
+		{ "system", required_argument, 0, O_SYSTEM },
+		{ "no-thinking", no_argument, 0, O_NOTHINK },
+		{ "stop", required_argument, 0, O_STOPSTR },
+		{ "keep-special", no_argument, 0, O_KEEPSPECIAL },
 		{ "max-new-tokens", required_argument, 0, 'n' },
 		{ "temperature", required_argument, 0, O_TEMP },
 		{ "top-k", required_argument, 0, O_TOPK },
@@ -144,6 +235,9 @@ int main(int argc, char **argv)
 	struct sm70_err err = { { 0 } };
 	struct run r = { 0 };
 	const char *model = NULL, *pids = NULL, *pfile = NULL, *bad = NULL;
+	const char *text = NULL, *chat = NULL, *system = NULL, *stop_strings[16];
+	struct sm70_tokenizer *tok = NULL;
+	int n_stop_strings = 0, no_thinking = 0, keep_special = 0;
 	char *file_text = NULL;
 	int32_t *prompt = NULL, *stops = NULL;
 	uint64_t id;
@@ -172,6 +266,29 @@ int main(int argc, char **argv)
 			break;
 		case O_PFILE:
 			pfile = optarg;
+			break;
+		case O_PROMPT:
+			text = optarg;
+			break;
+		case O_CHAT:
+			chat = optarg;
+			break;
+		case O_SYSTEM:
+			system = optarg;
+			break;
+		case O_NOTHINK:
+			no_thinking = 1;
+			break;
+		case O_KEEPSPECIAL:
+			keep_special = 1;
+			break;
+		case O_STOPSTR:
+			if (n_stop_strings == 16)
+				return die_usage("--stop: at most 16 stop strings (one more: '%s')",
+						 optarg);
+			if (!optarg[0])
+				return die_usage("--stop wants a non-empty string%s", "");
+			stop_strings[n_stop_strings++] = optarg;
 			break;
 		case 'n':
 			if (sm70__cli_parse_int(optarg, 1, INT32_MAX, &v))
@@ -288,8 +405,30 @@ int main(int argc, char **argv)
 		return die_usage("unexpected argument '%s'", argv[optind]);
 	if (!model)
 		return die_usage("%s", "-m MODEL_DIR is required");
-	if (!pids == !pfile)
-		return die_usage("%s", "give exactly one of --prompt-ids and --prompt-file");
+	if (!!pids + !!pfile + !!text + !!chat != 1)
+		return die_usage("%s", "give exactly one of --prompt-ids, --prompt-file, --prompt "
+				 "and --chat");
+	if (system && !chat)
+		return die_usage("%s", "--system belongs to a --chat prompt");
+	if ((n_stop_strings || no_thinking || keep_special) && !text && !chat)
+		return die_usage("%s", "--stop, --no-thinking and --keep-special need a text "
+				 "prompt (--prompt or --chat)");
+	if (text || chat) {
+		ret = text_prompt(model, text, chat, system, no_thinking, &tok, &req, &prompt);
+		if (ret) {
+			sm70_tokenizer_free(tok);
+			return 2;
+		}
+		struct sm70_detok_opts o = { .size = sizeof(o), .stop = stop_strings,
+					     .n_stop = (size_t)n_stop_strings,
+					     .flags = keep_special ? 0 : SM70_TOK_SKIP_SPECIAL };
+		if (sm70_detok_new(tok, &o, &r.detok)) {
+			fprintf(stderr, "sm70-run: --stop: not UTF-8\n");
+			rc = 2;
+			goto out;
+		}
+		goto prompt_done;
+	}
 	if (pfile) {
 		file_text = sm70__cli_read_file(pfile);
 		if (!file_text) {
@@ -312,6 +451,7 @@ int main(int argc, char **argv)
 		rc = 2;
 		goto out;
 	}
+prompt_done:
 
 	ret = sm70_engine_open(&e, model, &eo, &err);
 	if (ret) {
@@ -338,15 +478,26 @@ int main(int argc, char **argv)
 		rc = 2;
 		goto out;
 	}
+	int cancelled = 0;
 	while (sm70_engine_busy(e)) {
 		ret = sm70_engine_step(e, on_event, &r);
 		if (ret < 0) {
 			fprintf(stderr, "sm70-run: engine step failed: %s\n", strerror(-ret));
 			goto out;
 		}
+		if (r.stopped && !cancelled) {
+			sm70_engine_cancel(e, id);
+			cancelled = 1;
+		}
 	}
+	if (r.detok && !r.json && r.out.len)
+		putchar('\n');
+	if (r.stopped)
+		r.finish = SM70_FINISH_STOP;
 
 	double prefill_ms = r.n ? (r.t_first - r.t_submit) * 1e3 : 0;
+	/* In process, one token per engine step: the time between the steps that made the
+	 * first and the last token (sm70-generate takes the same span from the daemon). */
 	double decode_tps = r.n > 1 && r.t_last > r.t_first ?
 		(double)(r.n - 1) / (r.t_last - r.t_first) : 0;
 	if (r.json) {
@@ -362,6 +513,15 @@ int main(int argc, char **argv)
 				      "completion_tokens", r.completion_tokens,
 				      "timing", "prefill_ms", prefill_ms,
 				      "decode_tokens_per_s", decode_tps);
+		if (r.detok) { /* "text" first, as sm70-generate prints it */
+			json_t *t = json_object();
+
+			json_object_set_new(t, "text", json_stringn(r.out.s ? r.out.s : "",
+								      r.out.len));
+			json_object_update(t, o);
+			json_decref(o);
+			o = t;
+		}
 		char *s = json_dumps(o, JSON_COMPACT);
 		printf("%s\n", s);
 		free(s);
@@ -378,6 +538,10 @@ int main(int argc, char **argv)
 	}
 out:
 	json_decref(r.tops);
+	sm70_detok_free(r.detok);
+	sm70_tokenizer_free(tok);
+	sm70_text_free(&r.out);
+	sm70_text_free(&r.delta);
 	free(r.tokens);
 	free(r.logprobs);
 	sm70_engine_close(e);

@@ -4,6 +4,8 @@
  *
  *   sm70-tokenize (-m MODEL_DIR | --tokenizer FILE)            {"text": ...} -> {"ids": [...]}
  *   sm70-tokenize (-m MODEL_DIR | --tokenizer FILE) --decode   {"ids": [...]} -> {"text": ...}
+ *   sm70-tokenize (-m MODEL_DIR | --tokenizer FILE) --chat     {"messages": [...], ...} ->
+ *                                                              {"text": ..., "ids": [...]}
  *   sm70-tokenize (...) --bench FILE [--repeat N]              encoding speed, one core
  *
  * One output line per input line, in order; a bad line (not JSON, not UTF-8, no "text")
@@ -18,19 +20,33 @@
 #include <string.h>
 
 #include "common/version.h"
+#include "text/chat.h"
 #include "text/tokenizer.h"
 #include "tools/cli/cli.h"
 
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: sm70-tokenize (-m|--model MODEL_DIR | --tokenizer FILE) [--decode]\n"
+		"usage: sm70-tokenize (-m|--model MODEL_DIR | --tokenizer FILE) [--decode | --chat]\n"
 		"                     [--skip-special] [--special-as-text]\n"
 		"       sm70-tokenize (-m MODEL_DIR | --tokenizer FILE) --bench FILE [--repeat N]\n"
 		"       sm70-tokenize --help | --version\n"
 		"Reads JSON lines on stdin: {\"text\": \"...\"} gives {\"ids\": [...]}; with\n"
-		"--decode, {\"ids\": [...]} gives {\"text\": \"...\"}. A bad line gives\n"
-		"{\"error\": \"...\"} and the next line is read.\n");
+		"--decode, {\"ids\": [...]} gives {\"text\": \"...\"}; with --chat,\n"
+		"{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}...],\n"
+		" \"add_generation_prompt\": true, \"enable_thinking\": false} gives the prompt the\n"
+		"model's chat template makes of it, {\"text\": \"...\", \"ids\": [...]} (the\n"
+		"template comes from tokenizer_config.json or chat_template.jinja beside the\n"
+		"tokenizer). A bad line gives {\"error\": \"...\"} and the next line is read.\n"
+		"  -m, --model DIR      the model directory (its tokenizer.json)\n"
+		"      --tokenizer FILE a tokenizer.json\n"
+		"      --decode         ids to text\n"
+		"      --chat           conversations to prompts\n"
+		"      --skip-special   --decode: leave special tokens out\n"
+		"      --special-as-text  encode: special tokens in the text stay text\n"
+		"      --bench FILE     encode FILE and print MB/s (one core)\n"
+		"      --repeat N       --bench passes (default 3)\n"
+		"  -h, --help           this text\n");
 }
 
 /* Writes one JSON object {key: value} and a newline; value is stolen. */
@@ -68,8 +84,63 @@ static void put_ids(const struct sm70_ids *ids)
 	fputs("]}\n", stdout);
 }
 
+/* {"messages": [...], "add_generation_prompt": bool, "enable_thinking": bool|null} ->
+ * {"text": "...", "ids": [...]} */
+static int chat_line(const struct sm70_tokenizer *tok, enum sm70_chat_format fmt, json_t *root,
+		     long no, unsigned flags)
+{
+	json_t *gen = json_object_get(root, "add_generation_prompt");
+	json_t *think = json_object_get(root, "enable_thinking");
+	json_t *tools = json_object_get(root, "tools");
+	struct sm70_err err = {{0}};
+	struct sm70_text text = {0};
+	struct sm70_ids ids = {0};
+	struct sm70_chat_msg *m = NULL;
+	unsigned cf = 0;
+	size_t n;
+	int rc = 0;
+
+	if (!json_is_object(root))
+		return line_error(no, "%s", "expected an object with a \"messages\" array");
+	if (gen && !json_is_boolean(gen) && !json_is_null(gen))
+		return line_error(no, "%s", "add_generation_prompt: expected true or false");
+	if (think && !json_is_boolean(think) && !json_is_null(think))
+		return line_error(no, "%s", "enable_thinking: expected true, false or null");
+	if (tools && !json_is_null(tools) && !(json_is_array(tools) && !json_array_size(tools)))
+		return line_error(no, "%s", "tools: not supported (no tool definitions in "
+				  "the prompt)");
+	if (json_is_true(gen))
+		cf |= SM70_CHAT_ADD_GENERATION_PROMPT;
+	if (json_is_false(think))
+		cf |= SM70_CHAT_NO_THINKING;
+	if (sm70_chat_msgs_from_json(json_object_get(root, "messages"), &m, &n, &err) ||
+	    sm70_chat_render(fmt, m, n, cf, &text, &err) ||
+	    sm70_tokenizer_encode(tok, text.s ? text.s : "", text.len, flags, &ids, &err)) {
+		rc = line_error(no, "%s", err.msg);
+	} else {
+		json_t *o = json_object(), *arr = json_array();
+		char *s;
+
+		for (size_t i = 0; i < ids.n; i++)
+			json_array_append_new(arr, json_integer(ids.v[i]));
+		json_object_set_new(o, "text", json_stringn(text.s, text.len));
+		json_object_set_new(o, "ids", arr);
+		s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+		if (s) {
+			fputs(s, stdout);
+			fputc('\n', stdout);
+			free(s);
+		}
+		json_decref(o);
+	}
+	free(m);
+	sm70_text_free(&text);
+	sm70_ids_free(&ids);
+	return rc;
+}
+
 static int do_line(const struct sm70_tokenizer *tok, const char *line, size_t len, long no,
-		   int decode, unsigned flags)
+		   int decode, enum sm70_chat_format chat, unsigned flags)
 {
 	size_t bad = sm70_utf8_check(line, len);
 	json_error_t je;
@@ -85,7 +156,9 @@ static int do_line(const struct sm70_tokenizer *tok, const char *line, size_t le
 	root = json_loadb(line, len, JSON_ALLOW_NUL, &je);
 	if (!root)
 		return line_error(no, "invalid JSON: %s", je.text);
-	if (!decode) {
+	if (chat) {
+		rc = chat_line(tok, chat, root, no, flags);
+	} else if (!decode) {
 		struct sm70_ids ids = {0};
 
 		v = json_object_get(root, "text");
@@ -203,6 +276,7 @@ int main(int argc, char **argv)
 		{"model", required_argument, NULL, 'm'},
 		{"tokenizer", required_argument, NULL, 't'},
 		{"decode", no_argument, NULL, 'd'},
+		{"chat", no_argument, NULL, 'c'},
 		{"skip-special", no_argument, NULL, 's'},
 		{"special-as-text", no_argument, NULL, 'S'},
 		{"bench", required_argument, NULL, 'b'},
@@ -215,7 +289,8 @@ int main(int argc, char **argv)
 	struct sm70_tokenizer *tok = NULL;
 	struct sm70_err err = {{0}};
 	unsigned flags = 0;
-	int decode = 0, repeat = 3, c, failed = 0, rc;
+	enum sm70_chat_format chat = SM70_CHAT_NONE;
+	int decode = 0, want_chat = 0, repeat = 3, c, failed = 0, rc;
 	char *line = NULL;
 	size_t cap = 0;
 	ssize_t len;
@@ -227,6 +302,7 @@ int main(int argc, char **argv)
 		case 'm': model = optarg; break;
 		case 't': file = optarg; break;
 		case 'd': decode = 1; break;
+		case 'c': want_chat = 1; break;
 		case 's': flags |= SM70_TOK_SKIP_SPECIAL; break;
 		case 'S': flags |= SM70_TOK_SPECIAL_AS_TEXT; break;
 		case 'b': bench_file = optarg; break;
@@ -247,11 +323,37 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (decode && want_chat) {
+		fprintf(stderr, "sm70-tokenize: --decode and --chat exclude each other\n");
+		return 2;
+	}
+	if (want_chat && (flags & SM70_TOK_SPECIAL_AS_TEXT)) {
+		/* it would turn the template's own <|im_start|> into text too */
+		fprintf(stderr, "sm70-tokenize: --special-as-text does not go with --chat (the "
+			"template's special tokens must stay tokens)\n");
+		return 2;
+	}
 	rc = model ? sm70_tokenizer_load_dir(model, &tok, &err) :
 		     sm70_tokenizer_load(file, &tok, &err);
 	if (rc) {
 		fprintf(stderr, "sm70-tokenize: %s\n", err.msg);
 		return 2;
+	}
+	if (want_chat) {
+		/* the template sits beside the tokenizer: MODEL_DIR, or FILE's directory */
+		char dir[4096], *slash;
+
+		snprintf(dir, sizeof(dir), "%s", model ? model : file);
+		if (!model && (slash = strrchr(dir, '/')))
+			*slash = 0;
+		else if (!model)
+			strcpy(dir, ".");
+		rc = sm70_chat_load_dir(dir, &chat, &err);
+		if (rc) {
+			fprintf(stderr, "sm70-tokenize: --chat: %s\n", err.msg);
+			sm70_tokenizer_free(tok);
+			return 2;
+		}
 	}
 	if (bench_file) {
 		rc = bench(tok, bench_file, repeat);
@@ -266,7 +368,7 @@ int main(int argc, char **argv)
 			n--;
 		if (!n || strspn(line, " \t") == n)
 			continue;
-		failed |= do_line(tok, line, n, no, decode, flags);
+		failed |= do_line(tok, line, n, no, decode, chat, flags);
 		fflush(stdout);
 	}
 	free(line);

@@ -105,4 +105,47 @@ hb += b" " * (-len(hb) % 8)
 open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
 PY
 expect2 "model.layers.1.mlp.up_proj.weight" -m "$T/miss" --prompt-ids 1
+# 7. A text prompt: the fixture with the real Qwen3 tokenizer beside it (its 512 ids are
+#    Qwen3's first 512). The text streams; --json has "text" first, equal to the decode of
+#    its tokens; --stop ends before the stop; --chat renders (and this model's vocabulary
+#    refuses <|im_start|> by name); no tokenizer, or text options on an id prompt, exit 2.
+mkdir "$T/text"
+for f in config.json generation_config.json model.safetensors; do cp "$FX/$f" "$T/text/"; done
+gzip -dc tests/fixtures/tokenizer/qwen3-tokenizer.json.gz >"$T/text/tokenizer.json"
+cp tests/fixtures/tokenizer/qwen3-tokenizer_config.json "$T/text/tokenizer_config.json"
+"$RUN" -m "$T/text" --prompt "in on the" -n 24 --ignore-eos --json >"$T/text.json"
+"$RUN" -m "$T/text" --prompt "in on the" -n 24 --ignore-eos >"$T/text.out" 2>/dev/null
+python3 - "$T/text.json" "$T/text.out" "$T/text/tokenizer.json" <<'PY' || exit 1
+import json, sys
+o = json.load(open(sys.argv[1]))
+assert list(o)[:2] == ["text", "tokens"], list(o)
+assert len(o["tokens"]) == 24 and o["finish_reason"] == "length", o
+# the streamed text (plus the final newline) is the JSON's text
+assert open(sys.argv[2], "rb").read() == o["text"].encode() + b"\n"
+# and the text is what the tokens decode to (byte-level: each id's bytes, lossy UTF-8)
+vocab = json.load(open(sys.argv[3]))["model"]["vocab"]
+inv = {i: t for t, i in vocab.items()}
+# GPT-2's bytes_to_unicode: printable bytes stand for themselves, the rest for 256 + n
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+rest = [b for b in range(256) if b not in bs]
+byte_of = {chr(c): b for b, c in zip(bs + rest, bs + [256 + n for n in range(len(rest))])}
+raw = b"".join(bytes(byte_of[ch] for ch in inv[t]) for t in o["tokens"])
+assert raw.decode("utf-8", "replace") == o["text"], (raw, o["text"])
+print("text prompt: %d tokens streamed as text, equal to their decode" % len(o["tokens"]))
+PY
+text=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["text"])' "$T/text.json")
+stop=$(printf '%s' "$text" | cut -c5-6)
+"$RUN" -m "$T/text" --prompt "in on the" -n 24 --ignore-eos --stop "$stop" --json >"$T/stop.json"
+python3 - "$T/text.json" "$T/stop.json" "$stop" <<'PY' || exit 1
+import json, sys
+full, o, stop = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+want = full["text"][:full["text"].index(stop)]
+assert o["text"] == want and o["finish_reason"] == "stop", (o["text"], want)
+assert o["tokens"] == full["tokens"][:len(o["tokens"])] and len(o["tokens"]) < 24
+print("--stop '%s': the text ends before it (%d tokens)" % (stop, len(o["tokens"])))
+PY
+expect2 "151644" -m "$T/text" --chat "hi"
+expect2 "tokenizer.json" -m "$FX" --prompt "hi"
+expect2 "need a text prompt" -m "$FX" --prompt-ids 1 --stop x
+expect2 "exactly one" -m "$T/text" --prompt "a" --chat "b"
 echo "sm70-run: all checks passed"

@@ -106,3 +106,57 @@ rc=0
 [ $rc -eq 2 ] && grep -q "WordPiece is not supported" "$T/err" ||
 	fail "WordPiece: rc $rc, $(cat "$T/err")"
 echo "exit code 2: bad arguments, missing tokenizer, unsupported model type named"
+
+# 6. --chat: the 36 apply_chat_template cases through the tool, text and ids equal; bad
+#    lines (not JSON, an unknown role, not UTF-8, no messages) answered in place; no
+#    template beside the tokenizer is exit code 2.
+cp "$FX/qwen3-tokenizer_config.json" "$T/model/tokenizer_config.json"
+python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    d = json.loads(l)
+    print(json.dumps({k: d[k] for k in ("messages", "add_generation_prompt", "enable_thinking")}))
+' "$FX/chat_reference.jsonl" >"$T/chat_in.jsonl"
+"$TOOL" -m "$T/model" --chat <"$T/chat_in.jsonl" >"$T/chat_out.jsonl"
+python3 - "$T/chat_out.jsonl" "$FX/chat_reference.jsonl" <<'PY' || exit 1
+import json, sys
+got = [json.loads(l) for l in open(sys.argv[1])]
+ref = [json.loads(l) for l in open(sys.argv[2])]
+assert len(got) == len(ref) == 36, (len(got), len(ref))
+bad = [i for i, (g, r) in enumerate(zip(got, ref)) if g != {"text": r["text"], "ids": r["ids"]}]
+assert not bad, "chat cases %s differ" % bad
+print("chat: %d apply_chat_template cases equal in text and ids" % len(got))
+PY
+printf '%s\n' '{"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": true}' \
+	'{"messages": [' '{"messages": [{"role": "wizard", "content": "x"}]}' >"$T/chat_bad.jsonl"
+printf '{"messages": [{"role": "user", "content": "caf\351"}]}\n' >>"$T/chat_bad.jsonl"
+printf '%s\n' '{"messages": []}' '{"text": "Hi"}' \
+	'{"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": true, "enable_thinking": false}' \
+	>>"$T/chat_bad.jsonl"
+rc=0
+"$TOOL" --tokenizer "$TJ" --chat <"$T/chat_bad.jsonl" >"$T/chat_bad.out" 2>/dev/null || rc=$?
+[ $rc -eq 1 ] || fail "chat bad lines: exit code $rc, want 1"
+python3 - "$T/chat_bad.out" <<'PY' || exit 1
+import json, sys
+out = [json.loads(l) for l in open(sys.argv[1])]
+assert len(out) == 7, out
+assert out[0] == {"text": "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+                  "ids": [151644, 872, 198, 13048, 151645, 198, 151644, 77091, 198]}, out[0]
+assert out[1]["error"].startswith("line 2: invalid JSON"), out[1]
+assert out[2] == {"error": 'line 3: messages[0]: unknown role "wizard" (system, user, '
+                  'assistant or tool)'}, out[2]
+assert out[3]["error"].startswith("line 4: invalid UTF-8 at byte"), out[3]
+assert out[4]["error"].startswith("line 5: messages: empty"), out[4]
+assert out[5]["error"].startswith("line 6: messages: expected an array"), out[5]
+assert out[6]["text"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), out[6]
+print("chat bad lines: not JSON, unknown role, not UTF-8, no messages answered in place")
+PY
+mkdir "$T/notemplate"
+cp "$TJ" "$T/notemplate/tokenizer.json"
+rc=0
+"$TOOL" -m "$T/notemplate" --chat </dev/null 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] && grep -q "no chat template" "$T/err" || fail "no template: rc $rc, $(cat "$T/err")"
+rc=0
+"$TOOL" -m "$T/model" --chat --special-as-text </dev/null 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] && grep -q "does not go with --chat" "$T/err" || fail "--chat --special-as-text: rc $rc"
+echo "chat: a model without a template, or --special-as-text, is exit code 2, named"

@@ -6,8 +6,11 @@
  * reading its token events costs no system call while both sides are busy; a side that is
  * about to sleep says so in a flag and the other rings an eventfd. docs/PROTOCOL.md describes
  * the wire protocol; docs/SDK.md is the short guide to this API.
- * Non-goals: no tokenizer (prompts and outputs are token ids), no automatic reconnection, no
- * hidden threads: the library only runs inside the calls below.
+ * Prompts and outputs are token ids on the wire; since 0.3 the library can also take text
+ * (a raw prompt or a chat) and give text back, tokenizing and detokenizing in this process
+ * with the model's tokenizer.json (the "text" section below).
+ * Non-goals: no automatic reconnection, no hidden threads: the library only runs inside the
+ * calls below.
  *
  * Conventions
  * - Functions return 0 (or a non-negative count) on success and a negative error on failure:
@@ -50,7 +53,7 @@ extern "C" {
 #endif
 
 #define SM70_CLIENT_VERSION_MAJOR 0
-#define SM70_CLIENT_VERSION_MINOR 2
+#define SM70_CLIENT_VERSION_MINOR 3
 
 /* Socket used when neither the socket_path argument nor $SM70_SOCKET names one. */
 #define SM70_DEFAULT_SOCKET "/run/sm70/sm70d.sock"
@@ -268,6 +271,8 @@ enum sm70_finish_reason {
 	SM70_REASON_CANCELLED = 4,  /* sm70_cancel */
 	SM70_REASON_DEADLINE = 5,   /* deadline_ms passed */
 	SM70_REASON_ERROR = 6,	    /* see error and message */
+	SM70_REASON_STOP_STRING = 7, /* 0.3, text jobs: a stop string matched (stop_index);
+				      * the library cancelled the job */
 };
 
 #define SM70_EVENT_FINAL (1u << 0) /* flags: the job's last event; its id is free again */
@@ -308,7 +313,15 @@ struct sm70_event {
 	int32_t error;
 	struct sm70_usage usage; /* FINISH; for ERROR zero */
 	char message[SM70_MESSAGE_LEN]; /* ERROR and FINISH(ERROR): a sentence; else "" */
-	uint64_t reserved[8];
+	/* 0.3, jobs of sm70_submit_text (else NULL, 0, -1): the text this event adds to the
+	 * output, text_len bytes of whole UTF-8 characters (NUL-terminated; may be empty: a
+	 * token that ends inside a character, or that may begin a stop string, adds nothing
+	 * until it is decided). A FINISH carries what was held back at the end. Valid until
+	 * the next sm70_next_event / sm70_generate* call on the handle. */
+	const char *text;
+	uint32_t text_len;
+	int32_t stop_index; /* FINISH with SM70_REASON_STOP_STRING: which stop string */
+	uint64_t reserved[6];
 };
 
 /*
@@ -343,7 +356,7 @@ struct sm70_result {
 	uint32_t size;		/* sizeof(struct sm70_result), set by the caller */
 	uint32_t finish_reason; /* enum sm70_finish_reason */
 	int32_t error;		/* as in struct sm70_event */
-	uint32_t reserved0;
+	int32_t stop_index;	/* 0.3: as in struct sm70_event (was reserved0, zero) */
 	uint64_t job_id;
 	struct sm70_usage usage;
 	char message[SM70_MESSAGE_LEN];
@@ -361,6 +374,89 @@ struct sm70_result {
  */
 SM70_API int sm70_generate(struct sm70_client *c, const struct sm70_job *job, sm70_token_cb cb,
 			   void *ctx, struct sm70_result *out);
+
+/* ---- text (since 0.3) --------------------------------------------------------------------
+ * The library tokenizes text prompts and detokenizes outputs in this process with the
+ * model's Hugging Face tokenizer.json (the Qwen2/Qwen3 byte-level BPE, exact against the
+ * tokenizers package; docs/TOKENIZER.md) and renders chats with the model's chat template
+ * (the formats docs/TOKENIZER.md lists). The daemon still sees token ids only. Stop strings
+ * are matched here, on the decoded text: when one appears the library cancels the job, the
+ * text before it is the last text delivered, and the FINISH says SM70_REASON_STOP_STRING.
+ * Tokens the daemon made after the stop, before the cancel reached it, are not handed out;
+ * the FINISH's usage stays the daemon's (its completion_tokens counts them).
+ */
+
+/*
+ * Since 0.3. Loads the tokenizer for this handle's text calls: path is a model directory
+ * (its tokenizer.json, and its chat template from tokenizer_config.json or
+ * chat_template.jinja), a tokenizer.json file (the template from its directory), or NULL
+ * for the daemon's own model directory (which a 1.2 daemon tells in the segment header;
+ * the directory must be readable by this process). Optional: the first text call loads the
+ * daemon's if none was loaded. Once per handle: the tokenizer stays for the handle's life.
+ * Returns 0; -ENOENT (no tokenizer.json there, or a daemon that does not say where its
+ * model is: give a path), -EACCES, -ENOTSUP (a tokenizer.json sm70 does not implement),
+ * -EINVAL, -EALREADY (one is loaded), -ENOTCONN (NULL path without a session), -ENOMEM;
+ * sm70_client_last_error says what and where. A template that is missing or not supported
+ * is not an error here: raw text prompts work, chat prompts fail with -ENOTSUP.
+ * Not thread-safe against other calls on the handle.
+ */
+SM70_API int sm70_client_tokenizer(struct sm70_client *c, const char *path);
+
+/* One turn of a chat. Strings are NUL-terminated UTF-8. */
+struct sm70_message {
+	const char *role;	       /* "system", "user", "assistant" or "tool" */
+	const char *content;
+	const char *reasoning_content; /* an assistant turn's reasoning; NULL = none */
+};
+
+#define SM70_TEXT_NO_THINKING (1u << 0)	 /* chat: enable_thinking=false (Qwen3 answers
+					  * without reasoning) */
+#define SM70_TEXT_KEEP_SPECIAL (1u << 1) /* output text keeps special tokens such as
+					  * <|im_end|> (left out by default) */
+#define SM70_MAX_STOP_STRINGS 16
+
+struct sm70_text_prompt {
+	uint32_t size;	  /* sizeof(struct sm70_text_prompt) */
+	uint32_t flags;	  /* SM70_TEXT_* */
+	const char *text; /* a raw prompt, NUL-terminated UTF-8 (special tokens in it, such
+			   * as <|im_start|>, are their ids); or NULL and messages: */
+	const struct sm70_message *messages; /* a chat, rendered with the model's template
+			   * and ending with the opening of the assistant's turn */
+	uint32_t n_messages;
+	uint32_t n_stop;		/* <= SM70_MAX_STOP_STRINGS */
+	const char *const *stop;	/* stop strings, non-empty UTF-8; copied */
+	uint64_t reserved[6];		/* zero */
+};
+
+/* Fills *p with the defaults (all zero but size). */
+SM70_API void sm70_text_prompt_init(struct sm70_text_prompt *p);
+
+/*
+ * Since 0.3. Submits a job whose prompt is text: tokenizes p (a raw text or a chat) into
+ * the job's prompt and submits it as sm70_submit does; job gives everything else
+ * (max_tokens, sampling, stop token ids, user_tag) and its prompt must be NULL and
+ * prompt_len 0. The job's events then carry text (struct sm70_event's text, text_len) as
+ * well as token ids. Loads the daemon's tokenizer first if none is loaded.
+ * Returns what sm70_submit returns, and -EINVAL (a bad job or prompt: no text and no
+ * messages, both, too many or empty stop strings), -EILSEQ (text that is not UTF-8),
+ * -ENOTSUP (a chat, and the model's chat template is missing or not supported), the errors
+ * of sm70_client_tokenizer; sm70_client_last_error says what was wrong (an unknown role
+ * names its message).
+ */
+SM70_API int sm70_submit_text(struct sm70_client *c, const struct sm70_job *job,
+			      const struct sm70_text_prompt *p, uint64_t *job_id);
+
+/*
+ * Since 0.3. sm70_generate for a text prompt: submits with sm70_submit_text and waits for
+ * the final event, calling cb for each TOKEN event (with its text) and once more for the
+ * FINISH when that carries text (what was held back at the end; ev->type tells them
+ * apart). Tokens the model made after a stop string are not passed on. out as in
+ * sm70_generate (finish_reason SM70_REASON_STOP_STRING and stop_index when a stop string
+ * ended it). Returns as sm70_generate and sm70_submit_text.
+ */
+SM70_API int sm70_generate_text(struct sm70_client *c, const struct sm70_job *job,
+				const struct sm70_text_prompt *p, sm70_token_cb cb, void *ctx,
+				struct sm70_result *out);
 
 /* ---- errors ------------------------------------------------------------------------------ */
 
