@@ -41,7 +41,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: sm70-generate [--socket PATH] (--prompt-ids 1,2,3 | --prompt-file FILE |\n"
-		"                     --prompt TEXT | --chat TEXT) [-n MAX_NEW_TOKENS]\n"
+		"                     --prompt TEXT | --chat TEXT) [-n|--max-new-tokens N]\n"
 		"                     [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
 		"                     [--top-logprobs N] [--stop-ids 1,2] [--stop STRING]...\n"
 		"                     [--json]\n"
