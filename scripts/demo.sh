@@ -11,8 +11,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 PROMPT=${1:-"It is a truth universally acknowledged, that"}
 
 scripts/install-deps.sh
-scons -Q -j"$jobs" build/bin/sm70d build/bin/sm70-generate build/bin/sm70-run \
-	build/bin/sm70-tokenize
+scons -Q -j"$jobs" build/bin/sm70d build/bin/sm70-generate
 
 MODEL=models/demo
 DIR=$(mktemp -d)
@@ -31,35 +30,15 @@ until [ -S "$SOCK" ]; do
 done
 SAMPLING="--temperature 0.8 --top-k 40 --top-p 0.95 --seed 7"
 
-# sm70-generate --prompt TEXT tokenizes in the client and streams text. Where this build's
-# sm70-generate has no --prompt yet, the prompt goes through sm70-tokenize and the streamed
-# ids come back through sm70-tokenize --decode, one id at a time.
-ids_to_text() { # the id stream of sm70-generate on stdin -> text as the ids arrive
-	stdbuf -o0 tr ' ' '\n' | while read -r id; do
-		[ -n "$id" ] && printf '{"ids":[%s]}\n' "$id"
-	done | build/bin/sm70-tokenize -m "$MODEL" --decode --skip-special |
-		python3 -u -c 'import json, sys
-for line in sys.stdin:
-    sys.stdout.write(json.loads(line)["text"])
-    sys.stdout.flush()'
-	echo
-}
-if build/bin/sm70-generate --help 2>&1 | grep -q -- '--prompt TEXT'; then
-	generate() { build/bin/sm70-generate --socket "$SOCK" --prompt "$PROMPT" "$@"; }
-	stream() { generate "$@"; }
-else
-	IDS=$(python3 -c 'import json, sys; print(json.dumps({"text": sys.argv[1]}))' "$PROMPT" |
-		build/bin/sm70-tokenize -m "$MODEL" | sed -e 's/^{"ids":\[//' -e 's/\]}$//')
-	generate() { build/bin/sm70-generate --socket "$SOCK" --prompt-ids "$IDS" "$@"; }
-	# (its summary line on stderr waits for the text to finish)
-	stream() { generate "$@" 2>"$DIR/generate.err" | ids_to_text; cat "$DIR/generate.err" >&2; }
-fi
+# sm70-generate --prompt TEXT tokenizes in the client (the model's tokenizer.json, found
+# through the daemon) and streams the completion as text.
+generate() { build/bin/sm70-generate --socket "$SOCK" --prompt "$PROMPT" "$@"; }
 
 echo "== sm70d serves $MODEL on $SOCK (pid $DAEMON)"
 echo "== streaming 120 tokens (temperature 0.8, top-k 40, top-p 0.95, seed 7):"
 printf '%s' "$PROMPT"
 # shellcheck disable=SC2086
-stream -n 120 $SAMPLING
+generate -n 120 $SAMPLING
 echo "== the same prompt, greedy, 8 tokens, as JSON:"
 generate -n 8 --top-logprobs 2 --json
 kill -TERM $DAEMON
