@@ -45,7 +45,8 @@ SM70_PROTO_ASSERT(sizeof(float) == 4, "float must be IEEE-754 binary32");
  * meaning to reserved space (zero keeps the old behaviour), so any minor of one major
  * interoperates with any other. */
 #define SM70_PROTO_VERSION_MAJOR 1
-#define SM70_PROTO_VERSION_MINOR 1 /* 1.1: LOADING messages before the welcome, E_LOADING */
+#define SM70_PROTO_VERSION_MINOR 2 /* 1.1: LOADING messages before the welcome, E_LOADING;
+				    * 1.2: the close reason in the segment header */
 
 #define SM70_PROTO_CACHELINE 64u
 #define SM70_PROTO_MAX_TOP 8u  /* top-logprob pairs inline in one TOKEN event */
@@ -322,7 +323,12 @@ struct sm70_proto_seg_hdr {
 	uint8_t pad_client_sleeping[60];
 	uint32_t eq_space_wanted; /* D: 1 = ring the doorbell after advancing eq_head */
 	uint8_t pad_eq_space_wanted[60];
-	uint8_t reserved[384];
+	/* 1.2, D: 0 while the session is open; a positive sm70_proto_error once the daemon
+	 * closed it, release-stored after close_reason and before the socket is closed. */
+	uint32_t close_code;
+	uint8_t pad_close_code[60];
+	char close_reason[SM70_PROTO_REASON_LEN]; /* 1.2, D: NUL-terminated, once close_code */
+	uint8_t reserved[88];
 };
 SM70_PROTO_SIZE(sm70_proto_seg_hdr, 1024);
 SM70_PROTO_AT(sm70_proto_seg_hdr, magic, 0);
@@ -356,7 +362,10 @@ SM70_PROTO_AT(sm70_proto_seg_hdr, client_sleeping, 512);
 SM70_PROTO_AT(sm70_proto_seg_hdr, pad_client_sleeping, 516);
 SM70_PROTO_AT(sm70_proto_seg_hdr, eq_space_wanted, 576);
 SM70_PROTO_AT(sm70_proto_seg_hdr, pad_eq_space_wanted, 580);
-SM70_PROTO_AT(sm70_proto_seg_hdr, reserved, 640);
+SM70_PROTO_AT(sm70_proto_seg_hdr, close_code, 640);
+SM70_PROTO_AT(sm70_proto_seg_hdr, pad_close_code, 644);
+SM70_PROTO_AT(sm70_proto_seg_hdr, close_reason, 704);
+SM70_PROTO_AT(sm70_proto_seg_hdr, reserved, 936);
 
 /* ---- submission entry (client -> daemon) --------------------------------------------- */
 

@@ -71,6 +71,8 @@ static void test_layout_facts(void **state)
 		offsetof(struct sm70_proto_seg_hdr, daemon_sleeping),
 		offsetof(struct sm70_proto_seg_hdr, client_sleeping),
 		offsetof(struct sm70_proto_seg_hdr, eq_space_wanted),
+		offsetof(struct sm70_proto_seg_hdr, close_code),
+		offsetof(struct sm70_proto_seg_hdr, close_reason),
 	};
 	for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++) {
 		assert_int_equal(idx[i] % SM70_PROTO_CACHELINE, 0);

@@ -169,7 +169,8 @@ SM70_API int sm70_client_loading(const struct sm70_client *c, struct sm70_loadin
 
 /*
  * A sentence about the last failure on this handle (connect refusals carry the daemon's own
- * words), or "" if there was none. Valid until the next call on the handle. Never NULL.
+ * words; after sm70_next_event returned -ECONNRESET, why the daemon closed the session, if
+ * it said), or "" if there was none. Valid until the next call on the handle. Never NULL.
  */
 SM70_API const char *sm70_client_last_error(const struct sm70_client *c);
 
@@ -304,7 +305,7 @@ struct sm70_event {
 	/* FINISH */
 	uint32_t finish_reason; /* enum sm70_finish_reason */
 	/* FINISH with reason ERROR, and ERROR: -SM70_E_* or -errno (-ECONNRESET when the daemon
-	 * went away); else 0 */
+	 * went away; its code when it closed the session and said why); else 0 */
 	int32_t error;
 	struct sm70_usage usage; /* FINISH; for ERROR zero */
 	char message[SM70_MESSAGE_LEN]; /* ERROR and FINISH(ERROR): a sentence; else "" */
@@ -318,7 +319,10 @@ struct sm70_event {
  * ev->size must be set by the caller.
  * Returns 0 with *ev filled; -ETIMEDOUT when nothing arrived in time; -ECONNRESET once the
  * daemon has gone away AND every event it had posted and every synthesized final event (one
- * per job that was still live: FINISH, reason ERROR, error -ECONNRESET) has been returned;
+ * per job that was still live: FINISH, reason ERROR, error -ECONNRESET, or, when the daemon
+ * closed the session and said why, its code, e.g. -SM70_E_SHUTDOWN or -SM70_E_INVALID for a
+ * protocol violation, with its reason as the message) has been returned, with
+ * sm70_client_last_error naming the reason;
  * -EINVAL; -ENOTCONN without a session. Consumer side: one thread at a time.
  */
 SM70_API int sm70_next_event(struct sm70_client *c, struct sm70_event *ev, int timeout_ms);
