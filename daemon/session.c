@@ -546,6 +546,7 @@ static int welcome(struct sm70__daemon *d, struct sm70__session *s,
 	s->limits = lim;
 	s->sq_head = hdr.sq_head;
 	s->eq_tail = s->eq_published = hdr.eq_tail;
+	sm70__prompt_pool_init(&s->prompts, ar);
 	ret = sm70__loop_watch(d->loop, s->doorbell_fd, POLLIN, on_doorbell, s,
 			       &s->doorbell_watch);
 	if (ret)
@@ -977,8 +978,9 @@ static void process_entry(struct sm70__daemon *d, struct sm70__session *s,
 					 "jobs until it is restarted");
 		return;
 	}
-	/* validate_submit checked slot + prompt_len <= arena_tokens on the private copy. */
-	prompt = malloc(sizeof(*prompt) * e->prompt_len);
+	/* validate_submit checked slot + prompt_len <= arena_tokens on the private copy;
+	 * drain_sq checked that the pool has room (NULL: no memory for its mapping). */
+	prompt = sm70__prompt_pool_alloc(&s->prompts, e->prompt_len);
 	if (!prompt) {
 		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_NO_MEMORY,
 					 "prompt_len: no daemon memory for the prompt copy");
@@ -992,7 +994,7 @@ static void process_entry(struct sm70__daemon *d, struct sm70__session *s,
 			snprintf(why, sizeof(why),
 				 "prompt[%u]: token %u not below the vocab size %u", i,
 				 (uint32_t)prompt[i], s->limits.vocab_size);
-			free(prompt);
+			sm70__prompt_pool_free(&s->prompts, prompt);
 			sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_INVALID,
 						 why);
 			return;
@@ -1001,13 +1003,29 @@ static void process_entry(struct sm70__daemon *d, struct sm70__session *s,
 	sm70__sched_submit(d, s, e, prompt);
 }
 
+/* Whether entry e, read from the SQ, must wait there for room in the session's prompt
+ * pool: a SUBMIT that would become a job (it is valid and no state-dependent limit refuses
+ * it) whose prompt does not fit now. Entries that will be refused never wait. */
+static int must_wait(const struct sm70__daemon *d, struct sm70__session *s,
+		     const struct sm70_proto_sqe *e)
+{
+	char why[SM70_PROTO_ERRMSG_LEN];
+
+	if (e->opcode != SM70_PROTO_OP_SUBMIT || d->draining || d->admin_drained ||
+	    sm70_proto_validate_submit(e, &s->limits, s->arena_tokens, why, sizeof(why)) ||
+	    sm70__sched_refusal(d, s, e, why, sizeof(why)))
+		return 0;
+	return !sm70__prompt_pool_fits(&s->prompts, e->prompt_len);
+}
+
 /* Whether the session's SQ may be read now: not while it is cut off, nor once it holds
  * its bound of events, nor (back-pressure) while it holds more than a ring's worth
  * (PROTOCOL.md sections 7 and 10: what a client that never reads can make the daemon keep
- * is bounded). */
-static int sq_readable(const struct sm70__daemon *d, const struct sm70__session *s)
+ * is bounded), nor while the entry it read last waits for prompt-pool room. */
+static int sq_readable(const struct sm70__daemon *d, struct sm70__session *s)
 {
-	return !s->cut_off && s->held_count < d->held_bound && s->held_count <= s->eq_entries;
+	return !s->cut_off && s->held_count < d->held_bound && s->held_count <= s->eq_entries &&
+	       !(s->has_pending && must_wait(d, s, &s->pending));
 }
 
 /* Copies and handles the entries between sq_head and the client's sq_tail while
@@ -1031,8 +1049,18 @@ static void drain_sq(struct sm70__daemon *d, struct sm70__session *s)
 	while (s->sq_head != tail && sq_readable(d, s) && s->state == SM70__SESSION_ACTIVE) {
 		struct sm70_proto_sqe e;
 
-		memcpy(&e, &s->sq[sm70_ring_slot(s->sq_head, s->sq_entries)], sizeof(e));
-		SHM_BARRIER();
+		if (s->has_pending) {
+			e = s->pending; /* read once already; its slot and prompt are still ours */
+		} else {
+			memcpy(&e, &s->sq[sm70_ring_slot(s->sq_head, s->sq_entries)], sizeof(e));
+			SHM_BARRIER();
+		}
+		if (must_wait(d, s, &e)) {
+			s->pending = e;
+			s->has_pending = 1;
+			break;
+		}
+		s->has_pending = 0;
 		s->sq_head++;
 		if (e.opcode == SM70_PROTO_OP_SUBMIT) {
 			arena_head = e.arena_pos + e.prompt_len;
@@ -1298,6 +1326,7 @@ void sm70__sessions_reap(struct sm70__daemon *d)
 		*pp = s->next;
 		if (s->seg)
 			munmap(s->seg, s->seg_size);
+		sm70__prompt_pool_destroy(&s->prompts); /* its jobs freed every copy */
 		uid_use_put(d, s->use);
 		d->n_sessions--;
 		sm70__debug("session %u: freed", s->id);

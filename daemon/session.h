@@ -17,6 +17,7 @@
 
 #include "common/err.h"
 #include "daemon/daemon.h"
+#include "daemon/prompt_pool.h"
 #include "shm_proto/sm70_proto.h"
 
 enum sm70__session_state {
@@ -88,6 +89,13 @@ struct sm70__session {
 	int cut_off;		 /* it reached d->held_bound: its jobs were ended and its SQ is
 				  * not read until every held event is in its ring */
 	const char *broken;	 /* a protocol violation seen while posting: close soon */
+
+	/* the prompt copies of its queued jobs, at most an arena's worth (prompt_pool.h) */
+	struct sm70__prompt_pool prompts;
+	/* an entry read (once) whose prompt did not fit the pool: it waits here, with sq_head
+	 * and arena_head not moved past it, until the queue has moved */
+	struct sm70_proto_sqe pending;
+	int has_pending;
 
 	/* scheduler.c's part */
 	struct sm70__job *jobs;	    /* every accepted unfinished job of this session */
