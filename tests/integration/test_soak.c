@@ -672,6 +672,34 @@ static long log_count(const char *needle)
 
 /* ---- the daemon's books -------------------------------------------------------------------- */
 
+/* sm70_preemptions_total from `sm70ctl --json metrics`: running jobs whose KV and state
+ * were taken back, for the KV pool or parked for fair admission. -1 if unreadable. */
+static long preemptions(void)
+{
+	static const char series[] = "sm70_preemptions_total ";
+	char cmd[512];
+	const char *text, *p;
+	json_t *r;
+	long v = -1;
+	FILE *f;
+
+	snprintf(cmd, sizeof(cmd), "%s/bin/sm70ctl --socket %s.admin --json metrics",
+		 sm70t_build_dir(), dmn.sock);
+	f = popen(cmd, "r");
+	if (!f)
+		return -1;
+	r = json_loadf(f, JSON_DISABLE_EOF_CHECK, NULL);
+	pclose(f);
+	text = json_string_value(json_object_get(r, "text"));
+	for (p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (strncmp(p, series, sizeof(series) - 1) == 0) {
+			v = strtol(p + sizeof(series) - 1, NULL, 10);
+			break;
+		}
+	json_decref(r);
+	return v;
+}
+
 struct books {
 	int fds, jobs, clients, kv_free, kv_total, st_free, st_total;
 	long rss, anon, shmem;
@@ -870,7 +898,7 @@ static void soak(const char *name, long jobs, uint32_t warm_new, int kv_real, in
 {
 	struct books b0, b1, b2;
 	struct round r1, r2;
-	long cut;
+	long cut, pre0, pre;
 	int held;
 
 	quota = (jobs / 2 + N_CLIENTS - 1) / N_CLIENTS;
@@ -883,6 +911,7 @@ static void soak(const char *name, long jobs, uint32_t warm_new, int kv_real, in
 		       held);
 	b0 = books_read("before");
 	assert_true(slots ? b0.st_total > 0 : b0.st_total == 0);
+	pre0 = preemptions();
 	run_round(&r1);
 	b1 = books_read("halfway");
 	books_check(&b0, &b1);
@@ -910,9 +939,15 @@ static void soak(const char *name, long jobs, uint32_t warm_new, int kv_real, in
 	 * before sm70ctl answers */
 	if (kv_real)
 		assert_true(held >= (int)(warm_new / 2 + 1 + 15) / 16);
-	/* the state slots were taken during the rounds (and all free after, books_check) */
-	if (slots)
+	pre = preemptions() - pre0;
+	printf("%s: %ld running jobs preempted (KV and state taken back: the KV pool, or "
+	       "parked for fair admission)\n", name, pre);
+	/* the state slots were taken during the rounds and given back by preemption too (and
+	 * all free after, books_check) */
+	if (slots) {
 		assert_true(r1.st_min < b0.st_total && r2.st_min < b0.st_total);
+		assert_true(pre0 >= 0 && pre > 0);
+	}
 }
 
 static void make_prompts(void)
@@ -967,7 +1002,7 @@ static void test_soak_hybrid(void **state)
 {
 	static const char cfg[] =
 		"{ \"engine\": { \"n_threads\": 1, \"max_seqs\": 4, \"state_slots\": 3,\n"
-		"              \"kv_bytes\": 2097152 },\n"
+		"              \"kv_bytes\": 786432 },\n"
 		"  \"max_sessions\": 256,\n"
 		"  \"limits\": { \"max_sessions_per_uid\": 256, \"max_jobs_per_uid\": 4096 },\n"
 		"  \"slow_consumer_ms\": 300, \"slow_consumer_events\": 512 }\n";
