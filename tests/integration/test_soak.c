@@ -35,7 +35,10 @@
  * SM70_SOAK_HYBRID_JOBS, so recurrent-state slots are taken and freed too: 3 slots for 4
  * running sequences (admission waits for a slot), jobs parked for fair admission (their
  * slots freed), the never-reading sessions' jobs holding slots until they are cut off;
- * the books must show the slots in use during each round and all 3 free after it.
+ * the books must show the slots in use during each round and all 3 free after it, and
+ * sm70_preemptions_total (sm70ctl metrics) must have grown: running jobs whose KV and slot
+ * were taken back (each never-reading session that connects finds the engine full and
+ * itself below its share, so an SDK client's job is parked).
  *
  * Measured before the soak (after a warm-up connection, below), halfway through the SDK
  * jobs, and after every client closed: the daemon's descriptors (sm70t_settled_fds),
