@@ -1253,6 +1253,7 @@ static void tell_close(struct sm70__daemon *d, struct sm70__session *s, int code
 		       const char *why)
 {
 	struct sm70_proto_refusal r;
+	char c;
 
 	if (s->hdr) {
 		/* the events written so far, which the loop would have published */
@@ -1265,7 +1266,10 @@ static void tell_close(struct sm70__daemon *d, struct sm70__session *s, int code
 		return;
 	}
 	refusal_send(d, s->sock, code, why, &r);
-	shutdown(s->sock, SHUT_RDWR); /* the refusal, then end of file (close_unread) */
+	/* as close_unread: a hello still queued must not turn the refusal into a reset */
+	shutdown(s->sock, SHUT_RDWR);
+	while (recv(s->sock, &c, sizeof(c), MSG_DONTWAIT) > 0)
+		;
 }
 
 void sm70__session_close(struct sm70__daemon *d, struct sm70__session *s, int code,

@@ -361,7 +361,8 @@ struct sm70_result {
  * error. Retries submission while the ring or arena is full.
  * Returns 0 when the job finished (LENGTH, STOP_*, CANCELLED, DEADLINE); the job's error
  * (negative: -SM70_E_* such as -SM70_E_INVALID for a refused job, or -ECONNRESET when the
- * daemon went away) when it ended in error; or a sm70_submit error. Consumer side.
+ * daemon went away, or its close code when it closed the session and said why) when it
+ * ended in error; or a sm70_submit error. Consumer side.
  */
 SM70_API int sm70_generate(struct sm70_client *c, const struct sm70_job *job, sm70_token_cb cb,
 			   void *ctx, struct sm70_result *out);
