@@ -19,8 +19,11 @@
  * -SM70_E_INVALID and the reason, then -ECONNRESET with sm70_client_last_error naming the
  * reason; an SDK session at the shutdown reads its job's E_SHUTDOWN finish, then
  * -ECONNRESET with last_error saying the daemon is shutting down. Each closed session
- * leaves a victim client of the same daemon served (a job within VICTIM_MS). The slow-consumer cut-off does not close a session (its
- * reason comes as the session-wide ERROR event: test_held_events).
+ * leaves a victim client of the same daemon served (a job within VICTIM_MS). A slow
+ * consumer is not closed: a session that leaves its 16-entry ring full past
+ * slow_consumer_ms (100 ms) reads its job's FINISH(ERROR, E_SLOW_CONSUMER), finds
+ * close_code 0 and no hang-up, and is served on (the cut-off at the held-event bound says
+ * why with a session-wide ERROR event: test_held_events).
  */
 #include <errno.h>
 #include <poll.h>
@@ -248,6 +251,38 @@ static void test_sdk_violation(void **state)
 	victim_served();
 }
 
+/* A slow consumer is not closed: its jobs' final events say why, and it is served on. */
+static void test_slow_consumer_stays_open(void **state)
+{
+	struct sm70t_raw c;
+	struct sm70_proto_eqe ev;
+	int n;
+
+	(void)state;
+	if (sm70t_raw_connect(&c, dmn.sock, 16, 5000)) {
+		fail_msg("raw connect with a 16-entry ring");
+		__builtin_unreachable();
+	}
+	assert_int_equal(sm70t_raw_submit(&c, 5, prompt, 5, 4000, SM70_PROTO_SQF_IGNORE_EOS), 0);
+	sm70t_raw_publish(&c);
+	usleep(600 * 1000); /* the ring is full long past slow_consumer_ms (100) */
+	n = sm70t_raw_wait_final(&c, 5, &ev, 5000);
+	printf("slow consumer: %d tokens, then FINISH reason %u error %s; the session stays "
+	       "open (close_code %u)\n", n, ev.u.finish.reason,
+	       sm70_proto_strerror(ev.u.finish.error), c.h->close_code);
+	assert_true(n >= 16 && n < 4000);
+	assert_int_equal(ev.type, SM70_PROTO_EV_FINISH);
+	assert_int_equal(ev.u.finish.reason, SM70_PROTO_FINISH_ERROR);
+	assert_int_equal(ev.u.finish.error, SM70_PROTO_E_SLOW_CONSUMER);
+	assert_int_equal(sm70_ring_load_acquire(&c.h->close_code), 0);
+	assert_int_equal(wait_hangup(&c, 0), -ETIMEDOUT);
+	assert_int_equal(sm70t_raw_submit(&c, 6, prompt, 5, 4, SM70_PROTO_SQF_IGNORE_EOS), 0);
+	sm70t_raw_publish(&c);
+	assert_int_equal(sm70t_raw_wait_final(&c, 6, &ev, 5000), 4);
+	assert_int_equal(ev.type, SM70_PROTO_EV_FINISH);
+	sm70t_raw_close(&c);
+}
+
 /* Last: SIGTERM ends the daemon. A raw session with a running job, an SDK one with a
  * running job, and a connection without a hello are each told. */
 static void test_shutdown(void **state)
@@ -311,7 +346,7 @@ static int setup(void **state)
 {
 	static const char cfg[] =
 		"{ \"engine\": { \"n_threads\": 1, \"max_seqs\": 4, \"kv_bytes\": 16777216 },\n"
-		"  \"hello_timeout_ms\": 300, \"drain_grace_ms\": 0 }\n";
+		"  \"hello_timeout_ms\": 300, \"drain_grace_ms\": 0, \"slow_consumer_ms\": 100 }\n";
 
 	(void)state;
 	return sm70t_daemon_start(&dmn, cfg, NULL);
@@ -334,6 +369,7 @@ int main(void)
 		cmocka_unit_test(test_message_after_hello),
 		cmocka_unit_test(test_hello_timeout),
 		cmocka_unit_test(test_sdk_violation),
+		cmocka_unit_test(test_slow_consumer_stays_open),
 		cmocka_unit_test(test_shutdown),
 	};
 

@@ -191,8 +191,9 @@ static void test_prompt_flood(void **state)
 	sm70t_raw_close(&late);
 	n1 = sm70t_settled_fds(dmn.pid);
 	printf("daemon RssAnon: %ld kB before, %ld kB at the peak (%+ld kB, bound %d MB), %ld kB "
-	       "after the attackers left, one late client staying (%+ld kB, bound %d MB); descriptors %d -> %d\n", anon0,
-	       peak, peak - anon0, PEAK_BOUND_MB, after, after - anon0, AFTER_BOUND_MB, n0, n1);
+	       "after the attackers left, one late client staying (%+ld kB, bound %d MB); "
+	       "descriptors %d -> %d\n", anon0, peak, peak - anon0, PEAK_BOUND_MB, after,
+	       after - anon0, AFTER_BOUND_MB, n0, n1);
 	assert_true(peak - anon0 < PEAK_BOUND_MB * 1024L);
 	assert_true(after - anon0 < AFTER_BOUND_MB * 1024L);
 	assert_int_equal(n1, n0);
