@@ -14,7 +14,8 @@
  * than PEAK_BOUND_MB (a pool of 256 kB per session: 8 MB for 32, plus the engine's copies
  * of the jobs it runs), and after the flood RssAnon is back within AFTER_BOUND_MB of
  * before; a victim session is served within VICTIM_MS during the flood; descriptors are
- * back to their count. Before the pools, the same flood took +268 MB of prompt copies
+ * back to their count (under ASan, whose quarantine keeps freed blocks, the RssAnon bounds
+ * are not asserted; LeakSanitizer at the daemon's exit is the check). Before the pools, the same flood took +268 MB of prompt copies
  * (2,048 jobs x 128 kB) and kept most of it after they were freed (docs/DAEMON.md has the
  * figures).
  */
@@ -43,6 +44,20 @@
 #define AFTER_BOUND_MB 4
 #define VICTIM_MS 2000
 #define STUCK_MS 300
+
+/* Built with ASan (so is the daemon of the same build dir): its quarantine keeps freed
+ * blocks (256 MB by default; the engine's own copies of the running jobs' prompts among
+ * them), so RssAnon measures the quarantine there, not the pools. */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
 
 static struct sm70t_daemon dmn;
 static char model_dir[64];
@@ -194,8 +209,13 @@ static void test_prompt_flood(void **state)
 	       "after the attackers left, one late client staying (%+ld kB, bound %d MB); "
 	       "descriptors %d -> %d\n", anon0, peak, peak - anon0, PEAK_BOUND_MB, after,
 	       after - anon0, AFTER_BOUND_MB, n0, n1);
-	assert_true(peak - anon0 < PEAK_BOUND_MB * 1024L);
-	assert_true(after - anon0 < AFTER_BOUND_MB * 1024L);
+	if (UNDER_ASAN) {
+		printf("RssAnon bounds not asserted under ASan (its quarantine keeps freed "
+		       "blocks; LeakSanitizer checks at the daemon's exit)\n");
+	} else {
+		assert_true(peak - anon0 < PEAK_BOUND_MB * 1024L);
+		assert_true(after - anon0 < AFTER_BOUND_MB * 1024L);
+	}
 	assert_int_equal(n1, n0);
 	assert_true(victim_ms() <= VICTIM_MS);
 }
