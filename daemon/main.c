@@ -818,7 +818,8 @@ out:
 			 err->msg);
 		sm70__sessions_refuse_waiting(d, ret == -ECANCELED ? SM70_PROTO_E_SHUTDOWN :
 					      SM70_PROTO_E_INTERNAL, why);
-		sm70__sessions_close_all(d, "sm70d did not load its model");
+		sm70__sessions_close_all(d, SM70_PROTO_E_SHUTDOWN, "sm70d did not load its "
+					 "model and is stopping");
 		sm70__sessions_reap(d);
 		return ret;
 	}
@@ -970,8 +971,9 @@ int main(int argc, char **argv)
 	code = ret ? 1 : 0;
 
 	sd_notify(0, "STOPPING=1\nSTATUS=stopping");
-	sm70__sessions_close_all(&d, code ? "sm70d is stopping after a failure" :
-				 "sm70d is shutting down");
+	sm70__sessions_close_all(&d, code ? SM70_PROTO_E_INTERNAL : SM70_PROTO_E_SHUTDOWN,
+				 code ? "sm70d is stopping after a failure; see its log" :
+				 "sm70d is shutting down; reconnect when it is back");
 	/* Let the engine emit the final events of the cancelled jobs, so that every job and
 	 * session is freed before the engine goes. */
 	for (int i = 0; i < 1000 && sm70_engine_busy(d.engine); i++)

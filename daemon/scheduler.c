@@ -155,7 +155,7 @@ static void finish_job(struct sm70__daemon *d, struct sm70__job *j, uint16_t rea
 	s->n_jobs--;
 	s->use->jobs--;
 	d->n_jobs--;
-	free(j->prompt);
+	sm70__prompt_pool_free(&s->prompts, j->prompt);
 	free(j);
 }
 
@@ -183,35 +183,42 @@ static void kill_job(struct sm70__daemon *d, struct sm70__job *j, enum sm70__kil
 
 /* ---- entry points from session.c ------------------------------------------------------ */
 
+int sm70__sched_refusal(const struct sm70__daemon *d, struct sm70__session *s,
+			const struct sm70_proto_sqe *e, char *why, size_t len)
+{
+	if (s->n_jobs >= s->limits.max_jobs_in_flight) {
+		snprintf(why, len, "max_jobs_in_flight: this session has %u unfinished jobs, its "
+			 "limit", s->n_jobs);
+		return SM70_PROTO_E_BUSY;
+	}
+	if (s->use->jobs >= s->cfg_limits.max_jobs_per_uid) {
+		snprintf(why, len, "limits.max_jobs_per_uid: uid %u has %u unfinished jobs in all "
+			 "its sessions, its limit", (unsigned)s->uid, s->use->jobs);
+		return SM70_PROTO_E_BUSY;
+	}
+	if (find_tag(s, e->tag)) {
+		/* posted with EVF_NOT_FINAL (session.c): the job with this tag goes on */
+		snprintf(why, len, "tag: %llu names an unfinished job of this session, which goes "
+			 "on", (unsigned long long)e->tag);
+		return SM70_PROTO_E_INVALID;
+	}
+	if ((uint64_t)e->prompt_len + 1 > d->kv_tokens) {
+		snprintf(why, len, "prompt_len: %u tokens can never fit the KV cache (%llu tokens)",
+			 e->prompt_len, (unsigned long long)d->kv_tokens);
+		return SM70_PROTO_E_NO_MEMORY;
+	}
+	return 0;
+}
+
 void sm70__sched_submit(struct sm70__daemon *d, struct sm70__session *s,
 			const struct sm70_proto_sqe *e, int32_t *prompt)
 {
 	char why[SM70_PROTO_ERRMSG_LEN];
 	struct sm70__job *j;
+	int code = sm70__sched_refusal(d, s, e, why, sizeof(why));
 
-	if (s->n_jobs >= s->limits.max_jobs_in_flight) {
-		snprintf(why, sizeof(why), "max_jobs_in_flight: this session has %u unfinished "
-			 "jobs, its limit", s->n_jobs);
-		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_BUSY, why);
-		goto refused;
-	}
-	if (s->use->jobs >= s->cfg_limits.max_jobs_per_uid) {
-		snprintf(why, sizeof(why), "limits.max_jobs_per_uid: uid %u has %u unfinished "
-			 "jobs in all its sessions, its limit", (unsigned)s->uid, s->use->jobs);
-		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_BUSY, why);
-		goto refused;
-	}
-	if (find_tag(s, e->tag)) {
-		/* posted with EVF_NOT_FINAL (session.c): the job with this tag goes on */
-		snprintf(why, sizeof(why), "tag: %llu names an unfinished job of this session, "
-			 "which goes on", (unsigned long long)e->tag);
-		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_INVALID, why);
-		goto refused;
-	}
-	if ((uint64_t)e->prompt_len + 1 > d->kv_tokens) {
-		snprintf(why, sizeof(why), "prompt_len: %u tokens can never fit the KV cache "
-			 "(%llu tokens)", e->prompt_len, (unsigned long long)d->kv_tokens);
-		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_NO_MEMORY, why);
+	if (code) {
+		sm70__session_post_error(d, s, e->tag, e->opcode, code, why);
 		goto refused;
 	}
 	j = calloc(1, sizeof(*j));
@@ -253,7 +260,7 @@ void sm70__sched_submit(struct sm70__daemon *d, struct sm70__session *s,
 		    j->prompt_len, j->max_new_tokens);
 	return;
 refused:
-	free(prompt);
+	sm70__prompt_pool_free(&s->prompts, prompt);
 }
 
 int sm70__sched_tag_in_use(struct sm70__session *s, uint64_t tag)
@@ -443,7 +450,7 @@ static int feed_one(struct sm70__daemon *d, struct sm70__session *s, int front)
 	j->engine_id = id;
 	j->t_sched_us = d->now_us;
 	d->metrics.prompt_tokens += j->prompt_len;
-	free(j->prompt);
+	sm70__prompt_pool_free(&s->prompts, j->prompt); /* the engine has its own copy */
 	j->prompt = NULL;
 	d->n_engine_jobs++;
 	s->n_eng++;

@@ -12,6 +12,7 @@
 #ifndef SM70_DAEMON_SCHEDULER_H
 #define SM70_DAEMON_SCHEDULER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "daemon/daemon.h"
@@ -41,7 +42,7 @@ struct sm70__job {
 	uint8_t priority;
 	uint32_t flags;
 	uint32_t prompt_len;
-	int32_t *prompt; /* private copy; freed once the engine copied it */
+	int32_t *prompt; /* private copy in s->prompts; freed once the engine copied it */
 	uint32_t max_new_tokens;
 	float temperature, top_p;
 	int32_t top_k;
@@ -58,11 +59,16 @@ struct sm70__job {
 	struct sm70__job *next_queued;
 };
 
-/* Takes a validated SUBMIT (private copy e) and its prompt (malloc'd, ownership passes in
- * all cases). Checks the limits that need state (jobs in flight, tag in use, KV capacity)
- * and either queues a job or posts the ERROR event. Never fails otherwise. */
+/* Takes a validated SUBMIT (private copy e) and its prompt (from s->prompts, ownership
+ * passes in all cases). Checks the limits that need state (jobs in flight, tag in use, KV
+ * capacity) and either queues a job or posts the ERROR event. Never fails otherwise. */
 void sm70__sched_submit(struct sm70__daemon *d, struct sm70__session *s,
 			const struct sm70_proto_sqe *e, int32_t *prompt);
+
+/* The error code sm70__sched_submit would refuse e with now (why: its message), or 0 if e
+ * would become a job. */
+int sm70__sched_refusal(const struct sm70__daemon *d, struct sm70__session *s,
+			const struct sm70_proto_sqe *e, char *why, size_t len);
 
 /* Whether an unfinished job of s has this tag. */
 int sm70__sched_tag_in_use(struct sm70__session *s, uint64_t tag);

@@ -399,7 +399,7 @@ static void refuse(struct sm70__daemon *d, struct sm70__session *s, int code, co
 	refusal_send(d, s->sock, code, why, &r);
 	sm70__notice("session %u (pid %d uid %u): refused (%s): %s", s->id, (int)s->pid,
 		     (unsigned)s->uid, sm70_proto_strerror(code), r.reason);
-	sm70__session_close(d, s, "refused");
+	sm70__session_close(d, s, 0, "refused");
 }
 
 static uint32_t ring_size(uint32_t want, uint32_t dflt, uint32_t lo, uint32_t hi)
@@ -559,6 +559,7 @@ static int welcome(struct sm70__daemon *d, struct sm70__session *s,
 	s->limits = lim;
 	s->sq_head = hdr.sq_head;
 	s->eq_tail = s->eq_published = hdr.eq_tail;
+	sm70__prompt_pool_init(&s->prompts, ar);
 	ret = sm70__loop_watch(d->loop, s->doorbell_fd, POLLIN, on_doorbell, s,
 			       &s->doorbell_watch);
 	if (ret)
@@ -649,13 +650,14 @@ void sm70__sessions_model_ready(struct sm70__daemon *d)
 		}
 		ret = welcome(d, s, &s->hello);
 		if (ret == -EPIPE || ret == -ECONNRESET)
-			sm70__session_close(d, s, "the client hung up before the welcome");
+			sm70__session_close(d, s, 0, "the client hung up before the welcome");
 		else if (ret && s->state == SM70__SESSION_HELLO)
 			refuse(d, s, ret == -ENOMEM ? SM70_PROTO_E_NO_MEMORY :
 			       SM70_PROTO_E_INTERNAL, "sm70d could not set up the session: %s",
 			       strerror(-ret));
 		else if (ret)
-			sm70__session_close(d, s, "could not watch the doorbell");
+			sm70__session_close(d, s, SM70_PROTO_E_INTERNAL, "sm70d could not watch "
+					    "the session's doorbell; see its log");
 		else
 			sm70__notice("session %u: '%s' pid %d uid %u, rings %u/%u, arena %u tokens, "
 				     "%zu bytes (waited %llu ms for the model)", s->id, s->name,
@@ -687,11 +689,11 @@ static void handle_hello(struct sm70__daemon *d, struct sm70__session *s)
 	n = recvmsg(s->sock, &msg, MSG_DONTWAIT | MSG_TRUNC);
 	if (n < 0) {
 		if (errno != EAGAIN && errno != EINTR)
-			sm70__session_close(d, s, strerror(errno));
+			sm70__session_close(d, s, 0, strerror(errno));
 		return;
 	}
 	if (n == 0) {
-		sm70__session_close(d, s, "hung up before the hello");
+		sm70__session_close(d, s, 0, "hung up before the hello");
 		return;
 	}
 	memset(&h, 0, sizeof(h));
@@ -769,7 +771,7 @@ static void handle_hello(struct sm70__daemon *d, struct sm70__session *s)
 	if (ret) {
 		if (ret == -EPIPE || ret == -ECONNRESET) {
 			/* it gave up before we could answer: not the daemon's error */
-			sm70__session_close(d, s, "the client hung up before the welcome");
+			sm70__session_close(d, s, 0, "the client hung up before the welcome");
 			return;
 		}
 		if (s->state == SM70__SESSION_HELLO && (ret == -EMFILE || ret == -ENFILE))
@@ -780,7 +782,8 @@ static void handle_hello(struct sm70__daemon *d, struct sm70__session *s)
 			       SM70_PROTO_E_INTERNAL, "sm70d could not set up the session: %s",
 			       strerror(-ret));
 		else
-			sm70__session_close(d, s, "could not watch the doorbell");
+			sm70__session_close(d, s, SM70_PROTO_E_INTERNAL, "sm70d could not watch "
+					    "the session's doorbell; see its log");
 		return;
 	}
 	sm70__notice("session %u: '%s' pid %d uid %u, rings %u/%u, arena %u tokens, %zu bytes",
@@ -799,7 +802,7 @@ static void on_sock(void *arg, int fd, uint32_t revents)
 		if (revents & POLLIN)
 			handle_hello(d, s);
 		else if (revents & (POLLHUP | POLLRDHUP | POLLERR))
-			sm70__session_close(d, s, "hung up before the hello");
+			sm70__session_close(d, s, 0, "hung up before the hello");
 		return;
 	}
 	/* A waiting client may only wait, or give up (hang up), until its welcome. */
@@ -808,16 +811,18 @@ static void on_sock(void *arg, int fd, uint32_t revents)
 	if (revents & POLLIN) {
 		n = recv(fd, &c, 1, MSG_DONTWAIT);
 		if (n > 0) {
-			sm70__session_close(d, s, "the client sent a message after the hello");
+			sm70__session_close(d, s, SM70_PROTO_E_INVALID, "protocol violation: "
+					    "the client sent a message on the control socket after "
+					    "its hello");
 			return;
 		}
 		if (n == 0) {
-			sm70__session_close(d, s, "the client hung up");
+			sm70__session_close(d, s, 0, "the client hung up");
 			return;
 		}
 	}
 	if (revents & (POLLHUP | POLLRDHUP | POLLERR))
-		sm70__session_close(d, s, "the client hung up");
+		sm70__session_close(d, s, 0, "the client hung up");
 }
 
 static void on_doorbell(void *arg, int fd, uint32_t revents)
@@ -846,7 +851,7 @@ static uint32_t eq_space(struct sm70__session *s)
 	uint32_t used = sm70_ring_count(head, s->eq_tail);
 
 	if (used > s->eq_entries) {
-		s->broken = "eq_head is not within eq_entries of eq_tail";
+		s->broken = "protocol violation: eq_head is not within eq_entries of eq_tail";
 		return 0;
 	}
 	return s->eq_entries - used;
@@ -986,8 +991,9 @@ static void process_entry(struct sm70__daemon *d, struct sm70__session *s,
 					 "jobs until it is restarted");
 		return;
 	}
-	/* validate_submit checked slot + prompt_len <= arena_tokens on the private copy. */
-	prompt = malloc(sizeof(*prompt) * e->prompt_len);
+	/* validate_submit checked slot + prompt_len <= arena_tokens on the private copy;
+	 * drain_sq checked that the pool has room (NULL: no memory for its mapping). */
+	prompt = sm70__prompt_pool_alloc(&s->prompts, e->prompt_len);
 	if (!prompt) {
 		sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_NO_MEMORY,
 					 "prompt_len: no daemon memory for the prompt copy");
@@ -1001,7 +1007,7 @@ static void process_entry(struct sm70__daemon *d, struct sm70__session *s,
 			snprintf(why, sizeof(why),
 				 "prompt[%u]: token %u not below the vocab size %u", i,
 				 (uint32_t)prompt[i], s->limits.vocab_size);
-			free(prompt);
+			sm70__prompt_pool_free(&s->prompts, prompt);
 			sm70__session_post_error(d, s, e->tag, e->opcode, SM70_PROTO_E_INVALID,
 						 why);
 			return;
@@ -1010,13 +1016,29 @@ static void process_entry(struct sm70__daemon *d, struct sm70__session *s,
 	sm70__sched_submit(d, s, e, prompt);
 }
 
+/* Whether entry e, read from the SQ, must wait there for room in the session's prompt
+ * pool: a SUBMIT that would become a job (it is valid and no state-dependent limit refuses
+ * it) whose prompt does not fit now. Entries that will be refused never wait. */
+static int must_wait(const struct sm70__daemon *d, struct sm70__session *s,
+		     const struct sm70_proto_sqe *e)
+{
+	char why[SM70_PROTO_ERRMSG_LEN];
+
+	if (e->opcode != SM70_PROTO_OP_SUBMIT || d->draining || d->admin_drained ||
+	    sm70_proto_validate_submit(e, &s->limits, s->arena_tokens, why, sizeof(why)) ||
+	    sm70__sched_refusal(d, s, e, why, sizeof(why)))
+		return 0;
+	return !sm70__prompt_pool_fits(&s->prompts, e->prompt_len);
+}
+
 /* Whether the session's SQ may be read now: not while it is cut off, nor once it holds
  * its bound of events, nor (back-pressure) while it holds more than a ring's worth
  * (PROTOCOL.md sections 7 and 10: what a client that never reads can make the daemon keep
- * is bounded). */
-static int sq_readable(const struct sm70__daemon *d, const struct sm70__session *s)
+ * is bounded), nor while the entry it read last waits for prompt-pool room. */
+static int sq_readable(const struct sm70__daemon *d, struct sm70__session *s)
 {
-	return !s->cut_off && s->held_count < d->held_bound && s->held_count <= s->eq_entries;
+	return !s->cut_off && s->held_count < d->held_bound && s->held_count <= s->eq_entries &&
+	       !(s->has_pending && must_wait(d, s, &s->pending));
 }
 
 /* Copies and handles the entries between sq_head and the client's sq_tail while
@@ -1030,18 +1052,28 @@ static void drain_sq(struct sm70__daemon *d, struct sm70__session *s)
 	if (!n)
 		return;
 	if (n > s->sq_entries) {
-		char why[128];
+		char why[SM70_PROTO_REASON_LEN];
 
-		snprintf(why, sizeof(why), "sq_tail %u is %u entries past sq_head %u in a ring of "
-			 "%u", tail, n, s->sq_head, s->sq_entries);
-		sm70__session_close(d, s, why);
+		snprintf(why, sizeof(why), "protocol violation: sq_tail %u is %u entries past "
+			 "sq_head %u in a ring of %u", tail, n, s->sq_head, s->sq_entries);
+		sm70__session_close(d, s, SM70_PROTO_E_INVALID, why);
 		return;
 	}
 	while (s->sq_head != tail && sq_readable(d, s) && s->state == SM70__SESSION_ACTIVE) {
 		struct sm70_proto_sqe e;
 
-		memcpy(&e, &s->sq[sm70_ring_slot(s->sq_head, s->sq_entries)], sizeof(e));
-		SHM_BARRIER();
+		if (s->has_pending) {
+			e = s->pending; /* read once already; its slot and prompt are still ours */
+		} else {
+			memcpy(&e, &s->sq[sm70_ring_slot(s->sq_head, s->sq_entries)], sizeof(e));
+			SHM_BARRIER();
+		}
+		if (must_wait(d, s, &e)) {
+			s->pending = e;
+			s->has_pending = 1;
+			break;
+		}
+		s->has_pending = 0;
 		s->sq_head++;
 		if (e.opcode == SM70_PROTO_OP_SUBMIT) {
 			arena_head = e.arena_pos + e.prompt_len;
@@ -1111,7 +1143,11 @@ void sm70__sessions_poll(struct sm70__daemon *d)
 	for (s = d->sessions; s; s = s->next) {
 		if (s->state == SM70__SESSION_HELLO &&
 		    d->now_us - s->t_accept_us > (uint64_t)d->cfg.hello_timeout_ms * 1000) {
-			sm70__session_close(d, s, "no hello in time");
+			char why[SM70_PROTO_REASON_LEN];
+
+			snprintf(why, sizeof(why), "hello_timeout_ms: no hello within %u ms of "
+				 "connecting", d->cfg.hello_timeout_ms);
+			sm70__session_close(d, s, SM70_PROTO_E_INVALID, why);
 			continue;
 		}
 		if (s->state != SM70__SESSION_ACTIVE)
@@ -1140,7 +1176,7 @@ void sm70__sessions_poll(struct sm70__daemon *d)
 			s->stall_since_us = d->now_us;
 		}
 		if (s->broken)
-			sm70__session_close(d, s, s->broken);
+			sm70__session_close(d, s, SM70_PROTO_E_INVALID, s->broken);
 	}
 }
 
@@ -1220,10 +1256,42 @@ int sm70__sessions_holding(const struct sm70__daemon *d)
 
 /* ---- ending sessions -------------------------------------------------------------- */
 
-void sm70__session_close(struct sm70__daemon *d, struct sm70__session *s, const char *why)
+/*
+ * Tells the client why the daemon ends its session (PROTOCOL.md section 2, "Closing"): a
+ * welcomed client finds the code and reason in its segment header (the event ring may be
+ * full or broken, the header is always there), one still in its handshake gets a REFUSAL.
+ * Before the socket closes, so that the hang-up comes after the reason.
+ */
+static void tell_close(struct sm70__daemon *d, struct sm70__session *s, int code,
+		       const char *why)
+{
+	struct sm70_proto_refusal r;
+	char c;
+
+	if (s->hdr) {
+		/* the events written so far, which the loop would have published */
+		if (s->eq_tail != s->eq_published)
+			sm70_ring_store_release(&s->hdr->eq_tail, s->eq_tail);
+		s->eq_published = s->eq_tail;
+		snprintf(s->hdr->close_reason, sizeof(s->hdr->close_reason), "%s", why);
+		sm70_ring_store_release(&s->hdr->close_code, (uint32_t)code);
+		sm70__metrics_client_error(&d->metrics, code);
+		return;
+	}
+	refusal_send(d, s->sock, code, why, &r);
+	/* as close_unread: a hello still queued must not turn the refusal into a reset */
+	shutdown(s->sock, SHUT_RDWR);
+	while (recv(s->sock, &c, sizeof(c), MSG_DONTWAIT) > 0)
+		;
+}
+
+void sm70__session_close(struct sm70__daemon *d, struct sm70__session *s, int code,
+			 const char *why)
 {
 	if (s->state == SM70__SESSION_CLOSED)
 		return;
+	if (code)
+		tell_close(d, s, code, why);
 	if (s->state == SM70__SESSION_ACTIVE)
 		sm70__notice("session %u ('%s' pid %d): closed: %s (%u jobs to cancel)", s->id,
 			     s->name, (int)s->pid, why, s->n_jobs);
@@ -1255,10 +1323,10 @@ void sm70__session_close(struct sm70__daemon *d, struct sm70__session *s, const 
 	sm70__sched_session_gone(d, s);
 }
 
-void sm70__sessions_close_all(struct sm70__daemon *d, const char *why)
+void sm70__sessions_close_all(struct sm70__daemon *d, int code, const char *why)
 {
 	for (struct sm70__session *s = d->sessions; s; s = s->next)
-		sm70__session_close(d, s, why);
+		sm70__session_close(d, s, code, why);
 }
 
 void sm70__sessions_reap(struct sm70__daemon *d)
@@ -1275,6 +1343,7 @@ void sm70__sessions_reap(struct sm70__daemon *d)
 		*pp = s->next;
 		if (s->seg)
 			munmap(s->seg, s->seg_size);
+		sm70__prompt_pool_destroy(&s->prompts); /* its jobs freed every copy */
 		uid_use_put(d, s->use);
 		d->n_sessions--;
 		sm70__debug("session %u: freed", s->id);

@@ -17,6 +17,7 @@
 
 #include "common/err.h"
 #include "daemon/daemon.h"
+#include "daemon/prompt_pool.h"
 #include "shm_proto/sm70_proto.h"
 
 enum sm70__session_state {
@@ -89,6 +90,13 @@ struct sm70__session {
 				  * not read until every held event is in its ring */
 	const char *broken;	 /* a protocol violation seen while posting: close soon */
 
+	/* the prompt copies of its queued jobs, at most an arena's worth (prompt_pool.h) */
+	struct sm70__prompt_pool prompts;
+	/* an entry read (once) whose prompt did not fit the pool: it waits here, with sq_head
+	 * and arena_head not moved past it, until the queue has moved */
+	struct sm70_proto_sqe pending;
+	int has_pending;
+
 	/* scheduler.c's part */
 	struct sm70__job *jobs;	    /* every accepted unfinished job of this session */
 	struct sm70__job *queue;    /* not yet in the engine, by priority then age */
@@ -130,8 +138,12 @@ void sm70__sessions_sleep_end(struct sm70__daemon *d);
 int64_t sm70__sessions_next_timer(const struct sm70__daemon *d);
 
 /* Ends a session: removes its watches, closes its socket (the client sees a hang-up) and
- * cancels its jobs. why is for the log. The memory goes later, in sm70__sessions_reap. */
-void sm70__session_close(struct sm70__daemon *d, struct sm70__session *s, const char *why);
+ * cancels its jobs. code 0: the client's own doing (a hang-up), why is for the log only;
+ * else the positive error code and the sentence the client is told first: in its segment
+ * header (close_code, close_reason) once welcomed, as a REFUSAL before. The memory goes
+ * later, in sm70__sessions_reap. */
+void sm70__session_close(struct sm70__daemon *d, struct sm70__session *s, int code,
+			 const char *why);
 
 /* While the model loads: sends each waiting client that understands it (hello minor >= 1)
  * a LOADING message with d's progress (PROTOCOL.md section 4.7). Never blocks. */
@@ -144,8 +156,8 @@ void sm70__sessions_model_ready(struct sm70__daemon *d);
 /* The load failed or was given up: refuses every waiting session with code and why. */
 void sm70__sessions_refuse_waiting(struct sm70__daemon *d, int code, const char *why);
 
-/* Closes every session (shutdown). */
-void sm70__sessions_close_all(struct sm70__daemon *d, const char *why);
+/* Closes every session (shutdown), telling each client code and why. */
+void sm70__sessions_close_all(struct sm70__daemon *d, int code, const char *why);
 
 /* Frees closed sessions that have no job left. */
 void sm70__sessions_reap(struct sm70__daemon *d);

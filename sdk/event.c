@@ -141,13 +141,46 @@ static void check_hangup(struct sm70_client *c)
 	}
 }
 
-/* The ring is empty and the daemon is gone: end what is left. */
+/* What a daemon of protocol 1.2 or later said when it closed the session (PROTOCOL.md
+ * section 2): its code (0: it said nothing, e.g. it died), with the reason copied into
+ * why, printable and NUL-terminated. */
+static int close_reason(const struct sm70_client *c, char *why, size_t len)
+{
+	const struct sm70_proto_seg_hdr *h = c->rings.hdr;
+	uint32_t code = sm70_ring_load_acquire(&h->close_code);
+	size_t i, n = len - 1 < sizeof(h->close_reason) ? len - 1 : sizeof(h->close_reason);
+
+	if (!code)
+		return 0;
+	memcpy(why, h->close_reason, n);
+	why[n] = '\0';
+	for (i = 0; why[i]; i++)
+		if ((unsigned char)why[i] < 0x20 || (unsigned char)why[i] >= 0x7f)
+			why[i] = '?';
+	if (!why[0])
+		snprintf(why, len, "no reason given");
+	return code < SM70_E_BASE ? (int)code : SM70_PROTO_E_INTERNAL;
+}
+
+/* The ring is empty and the daemon is gone: end what is left, with the daemon's reason
+ * when it gave one. */
 static int gone(struct sm70_client *c)
 {
+	char why[SM70_PROTO_REASON_LEN], msg[SM70_MESSAGE_LEN];
+	int code = close_reason(c, why, sizeof(why));
+
 	/* On -ENOMEM some jobs stay live and the next call tries again. */
-	sm70__end_live_jobs(c, -ECONNRESET, "sm70d went away (connection reset); the job's "
-			    "remaining output is lost");
-	return -ECONNRESET;
+	if (!code) {
+		sm70__end_live_jobs(c, -ECONNRESET, "sm70d went away (connection reset); the "
+				    "job's remaining output is lost");
+		return sm70__fail(c, -ECONNRESET, "sm70d went away without saying why "
+				  "(connection reset)");
+	}
+	/* the event's message is shorter than a reason: it keeps the start */
+	snprintf(msg, sizeof(msg), "sm70d closed the session: %.101s", why);
+	sm70__end_live_jobs(c, -(SM70_E_BASE + code), msg);
+	return sm70__fail(c, -ECONNRESET, "sm70d closed the session (%s): %s",
+			  sm70_proto_strerror(code), why);
 }
 
 /* ---- reading one event ------------------------------------------------------------------- */

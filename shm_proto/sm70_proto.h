@@ -46,14 +46,16 @@ SM70_PROTO_ASSERT(sizeof(float) == 4, "float must be IEEE-754 binary32");
  * interoperates with any other. */
 #define SM70_PROTO_VERSION_MAJOR 1
 #define SM70_PROTO_VERSION_MINOR 2 /* 1.1: LOADING messages before the welcome, E_LOADING;
-				    * 1.2: the model directory in the segment header */
+				    * 1.2: the model directory and the close reason in the
+				    * segment header */
 
 #define SM70_PROTO_CACHELINE 64u
 #define SM70_PROTO_MAX_TOP 8u  /* top-logprob pairs inline in one TOKEN event */
 #define SM70_PROTO_MAX_STOP 8u /* stop tokens inline in one SUBMIT entry */
 #define SM70_PROTO_NAME_LEN 32u
 #define SM70_PROTO_MODEL_NAME_LEN 64u
-#define SM70_PROTO_MODEL_DIR_LEN 256u
+#define SM70_PROTO_MODEL_DIR_LEN 192u
+#define SM70_PROTO_CLOSE_REASON_LEN 152u /* the segment header's close_reason */
 #define SM70_PROTO_REASON_LEN 232u
 #define SM70_PROTO_ERRMSG_LEN 104u
 /* Every control message fits in this; receivers read with a buffer this large. */
@@ -326,9 +328,14 @@ struct sm70_proto_seg_hdr {
 	uint8_t pad_eq_space_wanted[60];
 	/* 1.2, D (once, before the fd is passed): the absolute path of the daemon's model
 	 * directory, NUL-terminated, so that a client can find the tokenizer; "" when it is
-	 * not known or longer than 255 bytes (and always "" from a 1.0/1.1 daemon) */
+	 * not known or longer than 191 bytes (and always "" from a 1.0/1.1 daemon) */
 	char model_dir[SM70_PROTO_MODEL_DIR_LEN];
-	uint8_t reserved[128];
+	/* 1.2, D: 0 while the session is open; a positive sm70_proto_error once the daemon
+	 * closed it, release-stored after close_reason and before the socket is closed. */
+	uint32_t close_code;
+	uint32_t pad_close_code;
+	char close_reason[SM70_PROTO_CLOSE_REASON_LEN]; /* 1.2, D: NUL-terminated, once close_code */
+	uint8_t reserved[32];
 };
 SM70_PROTO_SIZE(sm70_proto_seg_hdr, 1024);
 SM70_PROTO_AT(sm70_proto_seg_hdr, magic, 0);
@@ -363,7 +370,10 @@ SM70_PROTO_AT(sm70_proto_seg_hdr, pad_client_sleeping, 516);
 SM70_PROTO_AT(sm70_proto_seg_hdr, eq_space_wanted, 576);
 SM70_PROTO_AT(sm70_proto_seg_hdr, pad_eq_space_wanted, 580);
 SM70_PROTO_AT(sm70_proto_seg_hdr, model_dir, 640);
-SM70_PROTO_AT(sm70_proto_seg_hdr, reserved, 896);
+SM70_PROTO_AT(sm70_proto_seg_hdr, close_code, 832);
+SM70_PROTO_AT(sm70_proto_seg_hdr, pad_close_code, 836);
+SM70_PROTO_AT(sm70_proto_seg_hdr, close_reason, 840);
+SM70_PROTO_AT(sm70_proto_seg_hdr, reserved, 992);
 
 /* ---- submission entry (client -> daemon) --------------------------------------------- */
 

@@ -2,14 +2,16 @@
 /*
  * The daemon's clock is read after every wait of its loop; a timestamp taken from the
  * time before a long wait would make the first connection after an idle spell look as old
- * as the spell (closed with "no hello in time"), and would skew every timer started from it.
+ * as the spell (closed with "no hello within 5000 ms"), and would skew every timer started
+ * from it.
  *
  * Daemon A shortens every timer the config has (hello_timeout_ms 300, slow_consumer_ms 200,
  * drain_grace_ms 200) and idles 1.2 s (past all of them and past the 1 s status/metrics
  * ticks), then: an SDK client connects and completes a job with a deadline, with small
  * queue/ttft times; after another idle a raw connection that waits 150 ms before its hello
- * is welcomed; after another, one that sends nothing is closed after the 300 ms hello
- * timeout, not at once. Daemon W runs with a systemd watchdog (WATCHDOG_USEC 600 ms, pings
+ * is welcomed; after another, one that sends nothing is refused (a REFUSAL naming
+ * hello_timeout_ms) and closed after the 300 ms hello timeout, not at once. Daemon W runs
+ * with a systemd watchdog (WATCHDOG_USEC 600 ms, pings
  * every 300 ms to a NOTIFY_SOCKET of the test): the pings keep their period through an idle
  * spell and a client after it is served. (A watchdog wakes the loop, which would hide a stale
  * clock, so A and B run without one.) Daemon B runs with the defaults and idles 5.5 s (past
@@ -176,6 +178,7 @@ static void test_idle_past_short_timers(void **state)
 		"  \"drain_grace_ms\": 200 }\n";
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
 	struct sm70_proto_hello h;
+	struct sm70_proto_refusal r;
 	struct sm70t_raw late;
 	struct sm70_proto_eqe ev;
 	struct pollfd p;
@@ -219,10 +222,15 @@ static void test_idle_past_short_timers(void **state)
 	p = (struct pollfd){ .fd = fd, .events = POLLIN | POLLRDHUP };
 	assert_int_equal(poll(&p, 1, 5000), 1);
 	closed_after = sm70t_ms_now() - t0;
+	/* it is told why (a REFUSAL naming the timeout), then the daemon hangs up */
+	assert_int_equal(recv(fd, &r, sizeof(r), MSG_DONTWAIT), sizeof(r));
+	assert_int_equal(r.type, SM70_PROTO_MSG_REFUSAL);
+	assert_int_equal(r.result, SM70_PROTO_E_INVALID);
+	assert_non_null(strstr(r.reason, "hello_timeout_ms"));
 	assert_int_equal(recv(fd, &c, 1, MSG_DONTWAIT), 0);
 	close(fd);
-	printf("after 1 s idle: a connection without a hello was closed after %ld ms "
-	       "(hello_timeout_ms 300)\n", closed_after);
+	printf("after 1 s idle: a connection without a hello was refused (\"%s\") and closed "
+	       "after %ld ms (hello_timeout_ms 300)\n", r.reason, closed_after);
 	assert_true(closed_after >= 250);
 	assert_true(closed_after <= 2000);
 	assert_int_equal(sm70t_daemon_stop(&t, SIGTERM, 5000), 0);
@@ -276,7 +284,7 @@ static void test_plain_idle_past_5s(void **state)
 	       "ago\n", conn_s);
 	assert_true(conn_s >= 0 && conn_s < 1.0);
 	sm70_client_close(c);
-	assert_false(sm70t_log_contains(&t, "no hello in time")); /* --verbose logs it */
+	assert_false(sm70t_log_contains(&t, "no hello within")); /* --verbose logs it */
 	assert_int_equal(sm70t_daemon_stop(&t, SIGTERM, 5000), 0);
 }
 

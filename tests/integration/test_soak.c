@@ -26,11 +26,19 @@
  * token the same prompt gave the first time in that process (greedy, so batching must
  * not change it).
  *
- * Two phases: the null backend (`--backend null --load-format dummy`: tokens at once, for
+ * Three phases: the null backend (`--backend null --load-format dummy`: tokens at once, for
  * the transport at rates no model reaches) with SM70_SOAK_JOBS jobs, then the CPU backend
  * on tests/fixtures/qwen3-gqa2-d64-tied with SM70_SOAK_CPU_JOBS (see Sizes), so real
  * KV blocks (a 4 MB cache of 128 blocks) are taken and given back, and the prefix cache
- * publishes the prompts' full blocks.
+ * publishes the prompts' full blocks; then the CPU backend on the hybrid fixture
+ * tests/fixtures/qwen3_5-vl-tied (3 DeltaNet layers and 1 attention layer) with
+ * SM70_SOAK_HYBRID_JOBS, so recurrent-state slots are taken and freed too: 3 slots for 4
+ * running sequences (admission waits for a slot), jobs parked for fair admission (their
+ * slots freed), the never-reading sessions' jobs holding slots until they are cut off;
+ * the books must show the slots in use during each round and all 3 free after it, and
+ * sm70_preemptions_total (sm70ctl metrics) must have grown: running jobs whose KV and slot
+ * were taken back (each never-reading session that connects finds the engine full and
+ * itself below its share, so an SDK client's job is parked).
  *
  * Measured before the soak (after a warm-up connection, below), halfway through the SDK
  * jobs, and after every client closed: the daemon's descriptors (sm70t_settled_fds),
@@ -54,8 +62,9 @@
  * is the malloc-level check there.
  *
  * Sizes: SM70_SOAK_JOBS (default DEFAULT_JOBS, 50,000), SM70_SOAK_CPU_JOBS (default
- * SM70_SOAK_JOBS / 25, or / 100 under ASan; at least 200): at the defaults about 4 s in
- * the release build and 20 s under ASan (CI runs both). The figures go to stdout;
+ * SM70_SOAK_JOBS / 25, or / 100 under ASan; at least 200), SM70_SOAK_HYBRID_JOBS (default
+ * SM70_SOAK_JOBS / 100, or / 500 under ASan; at least 100): at the defaults about 6 s in
+ * the release build and 30 s under ASan (CI runs both). The figures go to stdout;
  * docs/PERFORMANCE.md has the 100,000-job run.
  */
 #include <errno.h>
@@ -89,6 +98,10 @@
 #define DEFAULT_JOBS 50000  /* SM70_SOAK_JOBS unset */
 #define CPU_DIV 25	    /* SM70_SOAK_CPU_JOBS unset: SM70_SOAK_JOBS / this */
 #define CPU_DIV_ASAN 100    /* the same under ASan (about 20x slower on the CPU backend) */
+#define HYBRID_DIV 100	    /* SM70_SOAK_HYBRID_JOBS unset: SM70_SOAK_JOBS / this */
+#define HYBRID_DIV_ASAN 500 /* the same under ASan */
+#define HYBRID_MIN 100	    /* the least a hybrid phase runs */
+#define HYBRID_MODEL "tests/fixtures/qwen3_5-vl-tied" /* 3 DeltaNet layers, 1 attention */
 #define JOB_TIMEOUT_MS 20000 /* no event at all for this long: the job failed */
 #define RSS_BOUND_MB 8
 #define HALF_BOUND_MB 2
@@ -663,6 +676,34 @@ static long log_count(const char *needle)
 
 /* ---- the daemon's books -------------------------------------------------------------------- */
 
+/* sm70_preemptions_total from `sm70ctl --json metrics`: running jobs whose KV and state
+ * were taken back, for the KV pool or parked for fair admission. -1 if unreadable. */
+static long preemptions(void)
+{
+	static const char series[] = "sm70_preemptions_total ";
+	char cmd[512];
+	const char *text, *p;
+	json_t *r;
+	long v = -1;
+	FILE *f;
+
+	snprintf(cmd, sizeof(cmd), "%s/bin/sm70ctl --socket %s.admin --json metrics",
+		 sm70t_build_dir(), dmn.sock);
+	f = popen(cmd, "r");
+	if (!f)
+		return -1;
+	r = json_loadf(f, JSON_DISABLE_EOF_CHECK, NULL);
+	pclose(f);
+	text = json_string_value(json_object_get(r, "text"));
+	for (p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (strncmp(p, series, sizeof(series) - 1) == 0) {
+			v = strtol(p + sizeof(series) - 1, NULL, 10);
+			break;
+		}
+	json_decref(r);
+	return v;
+}
+
 struct books {
 	int fds, jobs, clients, kv_free, kv_total, st_free, st_total;
 	long rss, anon, shmem;
@@ -726,8 +767,9 @@ static int warm_up(uint32_t warm_new)
 				held = total - fr;
 			}
 		} while (!(ev.flags & SM70_EVENT_FINAL));
-		assert_int_equal(ev.type, SM70_EVENT_FINISH);
-		assert_int_equal(ev.finish_reason, SM70_REASON_LENGTH);
+		if (ev.type != SM70_EVENT_FINISH || ev.finish_reason != SM70_REASON_LENGTH)
+			fail_msg("warm-up job %d: type %u reason %u: %s", j, ev.type,
+				 ev.finish_reason, ev.message);
 	}
 	sm70_client_close(c);
 	return held;
@@ -736,7 +778,7 @@ static int warm_up(uint32_t warm_new)
 /* ---- the soak ------------------------------------------------------------------------------ */
 
 struct round {
-	long ok, bad, tokens, cancelled, abandoned, hangups, max_ms, ms, kv_min;
+	long ok, bad, tokens, cancelled, abandoned, hangups, max_ms, ms, kv_min, st_min;
 	struct garbage_report gr;
 	struct never_report nr;
 	struct storm_report sr;
@@ -751,7 +793,7 @@ static void run_round(struct round *o)
 	int reported = 0;
 
 	memset(o, 0, sizeof(*o));
-	o->kv_min = -1;
+	o->kv_min = o->st_min = -1;
 	n_parent_fds = 0;
 	child_start(&garbage, garbage_body, N_CLIENTS);
 	child_start(&never, never_body, N_CLIENTS + 1);
@@ -778,9 +820,12 @@ static void run_round(struct round *o)
 		s = sm70t_ctl_status(&dmn);
 		if (s) {
 			long fr = (long)json_integer_value(json_object_get(s, "kv_blocks_free"));
+			long sf = (long)json_integer_value(json_object_get(s, "state_slots_free"));
 
 			if (o->kv_min < 0 || fr < o->kv_min)
 				o->kv_min = fr;
+			if (o->st_min < 0 || sf < o->st_min)
+				o->st_min = sf;
 			json_decref(s);
 		}
 		if (sm70t_ms_now() - t0 > 1800000)
@@ -822,7 +867,8 @@ static void run_round(struct round *o)
 		printf("%s %ld %s", k ? "," : "", o->sr.kind[k], storm_names[k]);
 	printf("; %ld failed%s%s\n", o->sr.failed, o->sr.why[0] ? ": " : "", o->sr.why);
 	if (o->kv_min >= 0)
-		printf("  KV blocks free during the round: at least %ld\n", o->kv_min);
+		printf("  KV blocks free during the round: at least %ld; state slots free: at least "
+		       "%ld\n", o->kv_min, o->st_min);
 
 	assert_int_equal(o->bad, 0);
 	assert_int_equal(o->ok + o->abandoned, quota * N_CLIENTS);
@@ -852,11 +898,11 @@ static void books_check(const struct books *b0, const struct books *b)
 
 /* The soak: a warm-up, the books, two rounds of jobs / 2, the books after each. kv_real:
  * the warm-up must be seen holding KV blocks. */
-static void soak(const char *name, long jobs, uint32_t warm_new, int kv_real)
+static void soak(const char *name, long jobs, uint32_t warm_new, int kv_real, int slots)
 {
 	struct books b0, b1, b2;
 	struct round r1, r2;
-	long cut;
+	long cut, pre0, pre;
 	int held;
 
 	quota = (jobs / 2 + N_CLIENTS - 1) / N_CLIENTS;
@@ -868,6 +914,8 @@ static void soak(const char *name, long jobs, uint32_t warm_new, int kv_real)
 		printf("  warm-up: a job of %u new tokens held %d KV blocks halfway\n", warm_new,
 		       held);
 	b0 = books_read("before");
+	assert_true(slots ? b0.st_total > 0 : b0.st_total == 0);
+	pre0 = preemptions();
 	run_round(&r1);
 	b1 = books_read("halfway");
 	books_check(&b0, &b1);
@@ -895,6 +943,15 @@ static void soak(const char *name, long jobs, uint32_t warm_new, int kv_real)
 	 * before sm70ctl answers */
 	if (kv_real)
 		assert_true(held >= (int)(warm_new / 2 + 1 + 15) / 16);
+	pre = preemptions() - pre0;
+	printf("%s: %ld running jobs preempted (KV and state taken back: the KV pool, or "
+	       "parked for fair admission)\n", name, pre);
+	/* the state slots were taken during the rounds and given back by preemption too (and
+	 * all free after, books_check) */
+	if (slots) {
+		assert_true(r1.st_min < b0.st_total && r2.st_min < b0.st_total);
+		assert_true(pre0 >= 0 && pre > 0);
+	}
 }
 
 static void make_prompts(void)
@@ -903,7 +960,8 @@ static void make_prompts(void)
 		/* lengths 1..MAX_PROMPT; the longer ones fill a 16-token block */
 		prompt_lens[p] = 1 + (uint32_t)(p * 5 + 3) % MAX_PROMPT;
 		for (uint32_t k = 0; k < prompt_lens[p]; k++)
-			prompts[p][k] = (uint32_t)(1 + (p * 131 + k * 37) % 500);
+			/* below every soak model's vocabulary (the hybrid fixture has 384) */
+			prompts[p][k] = (uint32_t)(1 + (p * 131 + k * 37) % 380);
 	}
 }
 
@@ -920,7 +978,7 @@ static void test_soak_null(void **state)
 	(void)state;
 	phase_cpu = 0;
 	assert_int_equal(sm70t_daemon_start(&dmn, cfg, extra), 0);
-	soak("null backend", env_long("SM70_SOAK_JOBS", DEFAULT_JOBS), 64, 0);
+	soak("null backend", env_long("SM70_SOAK_JOBS", DEFAULT_JOBS), 64, 0, 0);
 	assert_int_equal(sm70t_daemon_finish(&dmn, 10000), 0);
 }
 
@@ -937,7 +995,28 @@ static void test_soak_cpu(void **state)
 	(void)state;
 	phase_cpu = 1;
 	assert_int_equal(sm70t_daemon_start(&dmn, cfg, NULL), 0);
-	soak("CPU backend", jobs < 200 ? 200 : jobs, 1900, 1);
+	soak("CPU backend", jobs < 200 ? 200 : jobs, 1900, 1, 0);
+	assert_int_equal(sm70t_daemon_finish(&dmn, 10000), 0);
+}
+
+/* A model with state slots: fewer slots than running sequences, so admission waits for
+ * slots, and fair admission parks jobs (freeing their slots) for the clients below their
+ * share; the never-reading sessions' jobs hold slots until they are cut off. */
+static void test_soak_hybrid(void **state)
+{
+	static const char cfg[] =
+		"{ \"engine\": { \"n_threads\": 1, \"max_seqs\": 4, \"state_slots\": 3,\n"
+		"              \"kv_bytes\": 786432 },\n"
+		"  \"max_sessions\": 256,\n"
+		"  \"limits\": { \"max_sessions_per_uid\": 256, \"max_jobs_per_uid\": 4096 },\n"
+		"  \"slow_consumer_ms\": 300, \"slow_consumer_events\": 512 }\n";
+	long jobs = env_long("SM70_SOAK_HYBRID_JOBS", env_long("SM70_SOAK_JOBS", DEFAULT_JOBS) /
+			     (UNDER_ASAN ? HYBRID_DIV_ASAN : HYBRID_DIV));
+
+	(void)state;
+	phase_cpu = 1;
+	assert_int_equal(sm70t_daemon_start_model(&dmn, HYBRID_MODEL, cfg, NULL), 0);
+	soak("hybrid model", jobs < HYBRID_MIN ? HYBRID_MIN : jobs, 256, 1, 1);
 	assert_int_equal(sm70t_daemon_finish(&dmn, 10000), 0);
 }
 
@@ -963,6 +1042,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_soak_null, teardown),
 		cmocka_unit_test_teardown(test_soak_cpu, teardown),
+		cmocka_unit_test_teardown(test_soak_hybrid, teardown),
 	};
 
 	make_prompts();

@@ -77,6 +77,12 @@ static void test_layout_facts(void **state)
 		if (i)
 			assert_int_equal(idx[i] - idx[i - 1], SM70_PROTO_CACHELINE);
 	}
+	/* the write-once 1.2 fields after the shared lines: model_dir, then the close code
+	 * on a line of its own start with its reason behind it */
+	assert_int_equal(offsetof(struct sm70_proto_seg_hdr, model_dir), 640);
+	assert_int_equal(offsetof(struct sm70_proto_seg_hdr, close_code) % SM70_PROTO_CACHELINE, 0);
+	assert_int_equal(offsetof(struct sm70_proto_seg_hdr, close_reason),
+			 offsetof(struct sm70_proto_seg_hdr, close_code) + 8);
 	assert_int_equal(sizeof(struct sm70_proto_eqe) % SM70_PROTO_CACHELINE, 0);
 	assert_int_equal(sizeof(struct sm70_proto_sqe) % SM70_PROTO_CACHELINE, 0);
 	assert_true(sizeof(struct sm70_proto_welcome) <= SM70_PROTO_MSG_MAX);

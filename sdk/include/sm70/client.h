@@ -172,7 +172,8 @@ SM70_API int sm70_client_loading(const struct sm70_client *c, struct sm70_loadin
 
 /*
  * A sentence about the last failure on this handle (connect refusals carry the daemon's own
- * words), or "" if there was none. Valid until the next call on the handle. Never NULL.
+ * words; after sm70_next_event returned -ECONNRESET, why the daemon closed the session, if
+ * it said), or "" if there was none. Valid until the next call on the handle. Never NULL.
  */
 SM70_API const char *sm70_client_last_error(const struct sm70_client *c);
 
@@ -309,7 +310,7 @@ struct sm70_event {
 	/* FINISH */
 	uint32_t finish_reason; /* enum sm70_finish_reason */
 	/* FINISH with reason ERROR, and ERROR: -SM70_E_* or -errno (-ECONNRESET when the daemon
-	 * went away); else 0 */
+	 * went away; its code when it closed the session and said why); else 0 */
 	int32_t error;
 	struct sm70_usage usage; /* FINISH; for ERROR zero */
 	char message[SM70_MESSAGE_LEN]; /* ERROR and FINISH(ERROR): a sentence; else "" */
@@ -331,7 +332,10 @@ struct sm70_event {
  * ev->size must be set by the caller.
  * Returns 0 with *ev filled; -ETIMEDOUT when nothing arrived in time; -ECONNRESET once the
  * daemon has gone away AND every event it had posted and every synthesized final event (one
- * per job that was still live: FINISH, reason ERROR, error -ECONNRESET) has been returned;
+ * per job that was still live: FINISH, reason ERROR, error -ECONNRESET, or, when the daemon
+ * closed the session and said why, its code, e.g. -SM70_E_SHUTDOWN or -SM70_E_INVALID for a
+ * protocol violation, with its reason as the message) has been returned, with
+ * sm70_client_last_error naming the reason;
  * -EINVAL; -ENOTCONN without a session. Consumer side: one thread at a time.
  */
 SM70_API int sm70_next_event(struct sm70_client *c, struct sm70_event *ev, int timeout_ms);
@@ -370,7 +374,8 @@ struct sm70_result {
  * error. Retries submission while the ring or arena is full.
  * Returns 0 when the job finished (LENGTH, STOP_*, CANCELLED, DEADLINE); the job's error
  * (negative: -SM70_E_* such as -SM70_E_INVALID for a refused job, or -ECONNRESET when the
- * daemon went away) when it ended in error; or a sm70_submit error. Consumer side.
+ * daemon went away, or its close code when it closed the session and said why) when it
+ * ended in error; or a sm70_submit error. Consumer side.
  */
 SM70_API int sm70_generate(struct sm70_client *c, const struct sm70_job *job, sm70_token_cb cb,
 			   void *ctx, struct sm70_result *out);
