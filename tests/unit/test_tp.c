@@ -201,6 +201,15 @@ static double compare(const char *name, int tp, int i, const struct got *one,
 				       "up to there\n", name, tp, i, k, margin);
 				return worst;
 			}
+			/* two tokens of the same probability (to fp32 rounding) trade places in
+			 * the sorted distribution the draw walks: a near-tie, not a split error */
+			if (setting > 0 && fabs((double)a->logprob - b->logprob) <= 1e-5) {
+				printf("%s tp %d request %d (setting %d): parts at step %d between %d "
+				       "and %d, near-tied (logprobs %.7f, %.7f): compared up to there\n",
+				       name, tp, i, setting, k, a->token, b->token, a->logprob,
+				       b->logprob);
+				return worst;
+			}
 			if (setting > 0 && gpu && boundary_case(a, b, &settings[setting],
 								(uint64_t)k)) {
 				printf("%s tp %d request %d (setting %d): parts at step %d, where "
