@@ -1,7 +1,8 @@
 /* test_cuda_nvfp4 - the CUDA matmul op on NVFP4 weights (kernels/cuda/matmul_nvfp4.cu)
  * against its CPU twin on the same ModelOpt bytes, on a backend for every kernel variant
  * (SM70_NVFP4_VARIANT 0-3: auto, WMMA, the dot kernel with one or two row tiles a block):
- * random and odd shapes, n = 1..16 and past 16, the dot kernel's n = 1..4 on every shape,
+ * random and odd shapes, n = 1..16 and past 16, weights made by the quantizer's own code
+ * (common/nvfp4.c) on every variant, the dot kernel's n = 1..4 on every shape,
  * f16 and f32 outputs, a 448 / zero / subnormal-scale row each checked on its own,
  * row_scale2 rows 2^10 apart; the reference paths (SM70_NVFP4=reference on ModelOpt's
  * layout, SM70_MATMUL=reference and an unaligned x on the arranged one); a captured graph
@@ -20,6 +21,7 @@
 #include <cmocka.h>
 
 #include "common/dtype.h"
+#include "common/nvfp4.h"
 #include "kernels/backend.h"
 
 #define GPU_TEST_SEED 0xf4e2d1c0ffeeULL
@@ -58,6 +60,7 @@ static struct sm70_backend *var_be(int v)
 
 struct fp4_host {
 	struct sm70_weight w; /* ModelOpt layout, host memory owned here */
+	int special_rows;     /* rows 0..2 carry the scales fp4_host_new gives them */
 };
 
 /* A random finite positive E4M3 scale byte (ModelOpt's scales are positive). */
@@ -86,6 +89,37 @@ static void fp4_host_new(struct fp4_host *h, int rows, int cols)
 	for (int r = 0; r < 3 && r < rows; r++)
 		memset(s + (size_t)r * (cols / 16), r == 0 ? 0x7e : r == 1 ? 0x00 : 0x01,
 		       (size_t)cols / 16);
+	h->special_rows = 1;
+}
+
+/*
+ * What sm70-quantize makes of a bf16 matrix: random weights of a checkpoint's scale
+ * (|W| ~ 0.02, a row in 8 ten times larger, a column block in 5 all zero) quantized
+ * block by block with common/nvfp4.c, scale_2 from the matrix's amax, as the quantizer
+ * computes it.
+ */
+static void fp4_host_quantized(struct fp4_host *h, int rows, int cols)
+{
+	const size_t n = (size_t)rows * cols;
+	float *wv = fvec(n), amax = 0.0f;
+	uint8_t *codes, *scales;
+
+	for (size_t i = 0; i < n; i++) {
+		const int r = (int)(i / cols), blk = (int)(i % cols) / 16;
+
+		wv[i] = (r + blk) % 5 == 4 ? 0.0f : rnd(0.02f) * (r % 8 == 3 ? 10.0f : 1.0f);
+		amax = fmaxf(amax, fabsf(wv[i]));
+	}
+	h->w = (struct sm70_weight){ .dtype = SM70_DTYPE_NVFP4, .rows = rows, .cols = cols,
+				     .scale2 = sm70_nvfp4_scale_2(amax) };
+	h->w.data = codes = malloc(n / 2);
+	h->w.scale = scales = malloc(n / 16);
+	assert_non_null(codes);
+	assert_non_null(scales);
+	for (size_t b = 0; b < n / 16; b++)
+		sm70_nvfp4_quantize_block(wv + b * 16, h->w.scale2, codes + b * 8, scales + b);
+	h->special_rows = 0;
+	free(wv);
 }
 
 static void fp4_host_free(struct fp4_host *h)
@@ -142,6 +176,33 @@ static void gather_row(float *dst, const float *y, int n, int rows, int r)
 		dst[i] = y[(size_t)i * rows + r];
 }
 
+/* Row r of y against the CPU's, each value's error over the size of its dot's terms
+ * (sum over k of |W[r][k] x[i][k]|): a row's own sum can cancel to far below its terms,
+ * where a relative error of the sum says nothing about the kernel. */
+static void compare_row(const char *what, const struct fp4_host *h, int r, const float *x,
+			const float *got, const float *ref, int n, double tol)
+{
+	const int cols = h->w.cols;
+	const uint8_t *codes = (const uint8_t *)h->w.data + (size_t)r * cols / 2;
+	const uint8_t *scales = (const uint8_t *)h->w.scale + (size_t)r * cols / 16;
+	double worst = 0.0;
+
+	for (int i = 0; i < n; i++) {
+		double mag = 0.0, rel;
+
+		for (int k = 0; k < cols; k++)
+			mag += fabs((double)sm70_nvfp4_dequant(codes + k / 16 * 8, scales[k / 16],
+							       h->w.scale2, k % 16) *
+				    x[(size_t)i * cols + k]);
+		rel = fabs((double)got[i] - ref[i]) / (mag > 0.0 ? mag : 1.0);
+		if (!(rel <= worst))
+			worst = rel;
+	}
+	printf("  %-52s error over the terms' size %.3g over %d values (tol %.1g)\n", what,
+	       worst, n, tol);
+	assert_true(worst <= tol);
+}
+
 /* be's matmul against the CPU's on h with n rows of x. Row 1 (zero scales) must be
  * zeros; with an f32 y, rows 0 and 2 (scales 448 and 2^-9) are also compared on their own
  * scale, so that a subnormal product the tensor cores dropped would show (as f16, row 2's
@@ -162,7 +223,7 @@ static void compare_case(struct sm70_backend *be, const char *path, const struct
 	snprintf(what, sizeof(what), "%s [%d x %d] n %d %s%s", path, rows, cols, n,
 		 y_f32 ? "f32" : "f16", x_off ? " unaligned x" : "");
 	compare_values(what, got, ref, ny, tol);
-	for (int r = 0; r < 3 && r < rows; r++) {
+	for (int r = 0; h->special_rows && r < 3 && r < rows; r++) {
 		gather_row(rg, got, n, rows, r);
 		gather_row(rr, ref, n, rows, r);
 		snprintf(what, sizeof(what), "  row %d (scales %s)", r,
@@ -171,7 +232,7 @@ static void compare_case(struct sm70_backend *be, const char *path, const struct
 			for (int i = 0; i < n; i++)
 				assert_true(rg[i] == 0.0f);
 		else if (y_f32)
-			compare_values(what, rg, rr, (size_t)n, tol);
+			compare_row(what, h, r, x, rg, rr, n, tol);
 	}
 	release(cpu, &wc);
 	release(be, &wg);
@@ -213,6 +274,30 @@ static void test_fast_path(void **state)
 				compare_case(var_be(v), path, &h, n, n % 2, 0);
 			fp4_host_free(&h);
 		}
+	}
+}
+
+/* Quantizer-made weights (common/nvfp4.c, as sm70-quantize writes them) on odd and model
+ * shapes, on every variant and the reference path, n 1, 4 and 16. */
+static void test_quantized_weights(void **state)
+{
+	static const int qshapes[][2] = { { 7, 48 }, { 129, 1040 }, { 4096, 4096 } };
+	static const int ns[] = { 1, 4, 16 };
+
+	for (size_t s = 0; s < sizeof(qshapes) / sizeof(qshapes[0]); s++) {
+		struct fp4_host h;
+
+		fp4_host_quantized(&h, qshapes[s][0], qshapes[s][1]);
+		for (int v = 0; v <= N_VARIANTS; v++) {
+			char path[32];
+
+			snprintf(path, sizeof(path), v < N_VARIANTS ? "quantized v%d" :
+				 "quantized reference", v);
+			for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++)
+				compare_case(v < N_VARIANTS ? var_be(v) : gpu_fp4ref, path, &h, ns[k],
+					     (int)(k & 1), 0);
+		}
+		fp4_host_free(&h);
 	}
 }
 
@@ -395,6 +480,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_fast_path),
+		cmocka_unit_test(test_quantized_weights),
 		cmocka_unit_test(test_dot_rows),
 		cmocka_unit_test(test_row_scale2),
 		cmocka_unit_test(test_reference_paths),
