@@ -398,10 +398,12 @@ struct sm70_backend_ops {
 		    const struct sm70_batch *b, int chunked);
 
 	/* gated_rmsnorm: for each of n rows and n_heads heads of dim values, in place on x
-	 * (act [n][n_heads * dim]): x = w * x * rsqrt(mean(x^2) + eps) * silu(z), w f32
-	 * [dim], z act with rows z_ld elements apart (head h at z + h * dim). */
+	 * (act [n][n_heads * dim]): x = w * x * rsqrt(mean(x^2) + eps) * g(z), g = silu, or
+	 * sigmoid when gate_sigmoid (qwen4_exp's output_gate_type); w f32 [dim], z act with
+	 * rows z_ld elements apart (head h at z + h * dim). */
 	void (*gated_rmsnorm)(struct sm70_backend *be, void *x, const void *z, int z_ld,
-			      const float *w, int n, int n_heads, int dim, float eps);
+			      const float *w, int n, int n_heads, int dim, float eps,
+			      int gate_sigmoid);
 
 	/* sigmoid_mul: x[i][j] *= sigmoid(gate[i * ld + j]) for i < n, j < dim; x act [n][dim]
 	 * contiguous, gate act (the output gate of gated attention). */

@@ -185,6 +185,26 @@ FIXTURES = {
         dtype=torch.bfloat16, shard=None,
         prompts=[2, 9, 40, 150, 150], eos_at=[[], [4], [7, 8, 30], [20, 90], []],
         new_tokens=16, eos=[511]),
+    # qwen4_exp's other DeltaNet output gate: output_gate_type "sigmoid" (the norm's gate
+    # is sigmoid(z), not silu(z)); a DeltaNet and a QSA layer, no PLE.
+    "qwen4_exp-sigmoid-gate": dict(
+        model_type="qwen4_exp_text",
+        config=dict(vocab_size=384, hidden_size=64, moe_intermediate_size=32,
+                    shared_expert_intermediate_size=48, num_experts=8,
+                    num_experts_per_tok=2, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
+                    linear_num_value_heads=4, linear_key_head_dim=32,
+                    linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                    layer_types=["linear_attention", "full_attention", "linear_attention"],
+                    output_gate_type="sigmoid", hc_count=4, hc_lowrank=16, ple_layer_ids=[],
+                    indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=32,
+                    indexer_budget=16, indexer_compress_ratio=4, tie_word_embeddings=True,
+                    rms_norm_eps=1e-6,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0,
+                                         partial_rotary_factor=0.25),
+                    max_position_embeddings=1024, initializer_range=0.08),
+        dtype=torch.bfloat16, shard=None,
+        prompts=[3, 40, 150], new_tokens=16, eos=[383]),
 }
 
 # Norms whose weight is centred on zero (the layer computes x * (1 + w)).

@@ -270,7 +270,7 @@ void sm70__gdn_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
 	op->gdn(be, w->gdn_core, w->gdn_conv, ba, w->proj_ld, G->a_log, G->dt_bias,
 		&rk->state[l], L, b, !m->opts.gdn_recurrent);
 	op->gated_rmsnorm(be, w->gdn_core, z, w->proj_ld, G->norm, T, L->n_v_heads, L->v_dim,
-			  m->cfg.rms_norm_eps);
+			  m->cfg.rms_norm_eps, m->cfg.hybrid.gdn.gate_sigmoid);
 	op->matmul(be, w->delta, 0, w->gdn_core, &G->out, T);
 }
 

@@ -615,6 +615,7 @@ int sm70__parse_qwen4_exp(const struct cfg *c, struct sm70_model_config *mc,
 	struct sm70_qwen4_config *q = &mc->q4;
 	const char *where;
 	json_t *gate;
+	const char *gate_key;
 	int kv_heads, ret;
 
 	ret = sm70__parse_qwen3_5(c, mc, err);
@@ -625,10 +626,19 @@ int sm70__parse_qwen4_exp(const struct cfg *c, struct sm70_model_config *mc,
 	ret = parse_moe(c, mc, &d, err);
 	if (ret)
 		return ret;
-	gate = cfg_get(c, "output_gate_type", &where);
-	if (gate && (!json_is_string(gate) || strcmp(json_string_value(gate), "silu")))
-		return sm70_errf(err, -ENOTSUP, CFG ": '%soutput_gate_type' must be \"silu\" "
-				 "(the sigmoid DeltaNet output gate is not implemented)", where);
+	/* the DeltaNet output norm's gate: output_gate_type, else hidden_act (as transformers
+	 * takes it; it was checked to be silu above), silu or sigmoid */
+	gate_key = "output_gate_type";
+	gate = cfg_get(c, gate_key, &where);
+	if (!gate || json_is_null(gate)) {
+		gate_key = "hidden_act";
+		gate = cfg_get(c, gate_key, &where);
+	}
+	if (gate && (!json_is_string(gate) || (strcmp(json_string_value(gate), "silu") &&
+						strcmp(json_string_value(gate), "sigmoid"))))
+		return sm70_errf(err, -EINVAL, CFG ": '%s%s' must be \"silu\" or \"sigmoid\" "
+				 "(the DeltaNet output gate)", where, gate_key);
+	mc->hybrid.gdn.gate_sigmoid = gate && strcmp(json_string_value(gate), "sigmoid") == 0;
 	if ((ret = get_int(c, "hc_count", 0, 4, 2, 64, &q->hc, err)) ||
 	    (ret = get_int(c, "hc_lowrank", 0, 320, 1, 1 << 16, &q->hc_rank, err)))
 		return ret;

@@ -38,6 +38,7 @@ struct sm70_gdn_config {
 	int n_v_heads; /* linear_num_value_heads, a multiple of n_k_heads */
 	int k_dim;     /* linear_key_head_dim */
 	int v_dim;     /* linear_value_head_dim */
+	int gate_sigmoid; /* qwen4_exp output_gate_type "sigmoid": the output norm's gate */
 };
 
 /* Mixture-of-experts MLPs (qwen3_moe, qwen3_5_moe, qwen3_next). */

@@ -12,7 +12,7 @@
  * (layer_multipliers, ngram_heads_vocab_sizes, ngram_heads_offsets) must equal what the
  * config derives, or the checkpoint is refused.
  *
- * Non-goals: the vision tower, multi-token prediction, the sigmoid DeltaNet output gate.
+ * Non-goals: the vision tower, multi-token prediction.
  */
 #include <errno.h>
 #include <stdio.h>

@@ -260,7 +260,8 @@ void sm70__cpu_gdn(struct sm70_backend *be, void *out, const void *qkv, const vo
 		   const struct sm70_state_layer *st, const struct sm70_state_layout *lay,
 		   const struct sm70_batch *b, int chunked);
 void sm70__cpu_gated_rmsnorm(struct sm70_backend *be, void *x, const void *z, int z_ld,
-			     const float *w, int n, int n_heads, int dim, float eps);
+			     const float *w, int n, int n_heads, int dim, float eps,
+				 int gate_sigmoid);
 void sm70__cpu_sigmoid_mul(struct sm70_backend *be, void *x, const void *gate, int ld, int n,
 			   int dim);
 void sm70__cpu_moe_route(struct sm70_backend *be, const struct sm70_moe_route *route,

@@ -72,7 +72,8 @@ void sm70__cuda_gdn(struct sm70_backend *be, void *out, const void *qkv, const v
  * thread-safe; the engine never calls it. */
 void sm70__cuda_gdn_tune(int cols, int hints);
 void sm70__cuda_gated_rmsnorm(struct sm70_backend *be, void *x, const void *z, int z_ld,
-			      const float *w, int n, int n_heads, int dim, float eps);
+			      const float *w, int n, int n_heads, int dim, float eps,
+				 int gate_sigmoid);
 void sm70__cuda_sigmoid_mul(struct sm70_backend *be, void *x, const void *gate, int ld, int n,
 			    int dim);
 void sm70__cuda_moe_route(struct sm70_backend *be, const struct sm70_moe_route *route,

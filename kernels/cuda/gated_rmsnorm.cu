@@ -1,8 +1,9 @@
 /*
  * gated_rmsnorm.cu - the CUDA gated_rmsnorm op: the GDN output norm, per head of dim values
- * x = w * x * rsqrt(mean(x^2) + eps) * silu(z), in place on f16 x, the gate z read from f16
+ * x = w * x * rsqrt(mean(x^2) + eps) * g(z), in place on f16 x, the gate z read from f16
  * rows z_ld elements apart (inside the in_proj_z output). All math in fp32, rounded to f16
- * once at the end; silu(z) = z / (1 + exp(-z)) as silu_mul.cu has it. The weight is plain
+ * once at the end; g(z) = silu(z) = z / (1 + exp(-z)) as silu_mul.cu has it, or sigmoid(z)
+ * = 1 / (1 + exp(-z)) (qwen4_exp's output_gate_type "sigmoid"). The weight is plain
  * (w, not 1 + w: this norm is the exception among qwen3_5's norms).
  *
  * One warp per (row, head), four per block. A lane takes 4 consecutive values (8-byte
@@ -21,7 +22,7 @@
 template <int V>
 static __global__ void gated_rmsnorm_kernel(__half *__restrict__ x, const __half *__restrict__ z,
 					    int z_ld, const float *__restrict__ w, int n_items,
-					    int n_heads, int dim, float eps)
+					    int n_heads, int dim, float eps, int sig)
 {
 	const int item = blockIdx.x * WARPS + (threadIdx.x >> 5);
 	const int lane = threadIdx.x & 31;
@@ -63,7 +64,8 @@ static __global__ void gated_rmsnorm_kernel(__half *__restrict__ x, const __half
 			t = __half22float2(*(const __half2 *)&g.y);
 			gv[2] = t.x, gv[3] = t.y;
 			for (int e = 0; e < 4; e++)
-				v[e] = w[k + e] * (v[e] * inv) * (gv[e] / (1.0f + expf(-gv[e])));
+				v[e] = w[k + e] * (v[e] * inv) *
+				       ((sig ? 1.0f : gv[e]) / (1.0f + expf(-gv[e])));
 			__half2 lo = __floats2half2_rn(v[0], v[1]), hi = __floats2half2_rn(v[2], v[3]);
 
 			u.x = *(const uint32_t *)&lo;
@@ -72,7 +74,8 @@ static __global__ void gated_rmsnorm_kernel(__half *__restrict__ x, const __half
 		} else {
 			float a = __half2float(xh[k]), g = __half2float(zh[k]);
 
-			xh[k] = __float2half_rn(w[k] * (a * inv) * (g / (1.0f + expf(-g))));
+			xh[k] = __float2half_rn(w[k] * (a * inv) *
+						((sig ? 1.0f : g) / (1.0f + expf(-g))));
 		}
 	}
 }
@@ -80,7 +83,7 @@ static __global__ void gated_rmsnorm_kernel(__half *__restrict__ x, const __half
 /* See backend.h. z may not overlap x. */
 extern "C" void sm70__cuda_gated_rmsnorm(struct sm70_backend *be, void *x, const void *z,
 					 int z_ld, const float *w, int n, int n_heads, int dim,
-					 float eps)
+					 float eps, int gate_sigmoid)
 {
 	struct sm70__cuda *c = sm70__cuda_enter(be);
 	const uintptr_t align = (uintptr_t)x | (uintptr_t)z;
@@ -96,9 +99,11 @@ extern "C" void sm70__cuda_gated_rmsnorm(struct sm70_backend *be, void *x, const
 	blocks = (unsigned)((items + WARPS - 1) / WARPS);
 	if (dim % 4 == 0 && z_ld % 4 == 0 && align % 8 == 0)
 		gated_rmsnorm_kernel<4><<<blocks, WARPS * 32, 0, c->stream>>>(
-			(__half *)x, (const __half *)z, z_ld, w, (int)items, n_heads, dim, eps);
+			(__half *)x, (const __half *)z, z_ld, w, (int)items, n_heads, dim, eps,
+			gate_sigmoid != 0);
 	else
 		gated_rmsnorm_kernel<1><<<blocks, WARPS * 32, 0, c->stream>>>(
-			(__half *)x, (const __half *)z, z_ld, w, (int)items, n_heads, dim, eps);
+			(__half *)x, (const __half *)z, z_ld, w, (int)items, n_heads, dim, eps,
+			gate_sigmoid != 0);
 	SM70_CUDA_LAUNCHED(be, "gated_rmsnorm_kernel");
 }

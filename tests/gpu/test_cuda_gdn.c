@@ -399,6 +399,7 @@ static void test_gated_rmsnorm(void **state)
 	const int shapes[][2] = { { 48, 128 }, { 6, 128 }, { 3, 98 }, { 2, 256 } };
 	const int ns[] = { 1, 5, 17 };
 
+	for (int sig = 0; sig < 2; sig++)
 	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
 		for (int ni = 0; ni < 3; ni++) {
 			const int H = shapes[s][0], D = shapes[s][1], n = ns[ni];
@@ -415,12 +416,12 @@ static void test_gated_rmsnorm(void **state)
 				w[k] = 1.0f + rnd(0.5f);
 			wc = up_bytes(cpu, w, D * 4);
 			wg = up_bytes(gpu, w, D * 4);
-			cpu->ops->gated_rmsnorm(cpu, xc, zc, z_ld, wc, n, H, D, 1e-6f);
-			gpu->ops->gated_rmsnorm(gpu, xg, zg, z_ld, wg, n, H, D, 1e-6f);
+			cpu->ops->gated_rmsnorm(cpu, xc, zc, z_ld, wc, n, H, D, 1e-6f, sig);
+			gpu->ops->gated_rmsnorm(gpu, xg, zg, z_ld, wg, n, H, D, 1e-6f, sig);
 			get_act(cpu, rc, xc, cnt);
 			get_act(gpu, rg, xg, cnt);
-			snprintf(what, sizeof(what), "gated_rmsnorm n=%d heads=%d dim=%d z_ld=%d", n,
-				 H, D, z_ld);
+			snprintf(what, sizeof(what), "gated_rmsnorm %s n=%d heads=%d dim=%d z_ld=%d",
+				 sig ? "sigmoid" : "silu", n, H, D, z_ld);
 			compare_values(what, rg, rc, cnt, TOL_F16_OUT);
 			bfree(cpu, xc), bfree(gpu, xg), bfree(cpu, zc), bfree(gpu, zg);
 			bfree(cpu, wc), bfree(gpu, wg);
@@ -480,7 +481,7 @@ static void dec_ops(struct gdn_decode *e)
 	gpu->ops->gdn(gpu, e->out, e->qkv, x + esz * (l->conv_dim + vd), e->x_ld, e->a_log,
 		      e->dt, &e->st, l, &e->d.b, 1);
 	gpu->ops->gated_rmsnorm(gpu, e->out, x + esz * l->conv_dim, e->x_ld, e->nw, e->B,
-				l->n_v_heads, l->v_dim, 1e-6f);
+				l->n_v_heads, l->v_dim, 1e-6f, 0);
 	gpu->ops->sigmoid_mul(gpu, e->out, e->gate, vd, e->B, vd);
 }
 

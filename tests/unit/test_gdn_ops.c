@@ -330,14 +330,15 @@ static void test_conv1d_silu(void **state)
 
 /* ---- gated_rmsnorm and sigmoid_mul ------------------------------------------------------ */
 
-/* Per head: w * x / sqrt(mean x^2 + eps) * silu(z) in float64; tol 1e-6 of |ref| with
- * a floor of 1e-30 (silu underflows for very negative z). */
+/* Per head: w * x / sqrt(mean x^2 + eps) * silu(z), or * sigmoid(z), in float64; tol 1e-6
+ * of |ref| with a floor of 1e-30 (silu and sigmoid underflow for very negative z). */
 static void test_gated_rmsnorm(void **state)
 {
 	struct sm70_backend *be = mk_backend(2);
 	const int dims[] = { 1, 7, 64, 128, 130 }, heads[] = { 1, 3, 8 };
 	struct errstat e = { 0 };
 
+	for (int sig = 0; sig < 2; sig++)
 	for (size_t di = 0; di < 5; di++) {
 		for (size_t hi = 0; hi < 3; hi++) {
 			const int n = 5, nh = heads[hi], dim = dims[di], z_ld = nh * dim + 9;
@@ -355,7 +356,7 @@ static void test_gated_rmsnorm(void **state)
 			z[0] = -100.0f;
 			for (int i = 0; i < dim; i++)
 				w[i] = rnd_range(-2, 2);
-			be->ops->gated_rmsnorm(be, x, z, z_ld, w, n, nh, dim, eps);
+			be->ops->gated_rmsnorm(be, x, z, z_ld, w, n, nh, dim, eps, sig);
 			for (int i = 0; i < n; i++) {
 				for (int h = 0; h < nh; h++) {
 					const float *xr = x0 + (i * nh + h) * dim;
@@ -366,7 +367,8 @@ static void test_gated_rmsnorm(void **state)
 					inv = 1.0 / sqrt(ss / dim + eps);
 					for (int k = 0; k < dim; k++) {
 						double zz = z[i * z_ld + h * dim + k];
-						double ref = w[k] * xr[k] * inv * zz / (1 + exp(-zz));
+						double ref = w[k] * xr[k] * inv * (sig ? 1.0 : zz) /
+							     (1 + exp(-zz));
 
 						err_add(&e, x[(i * nh + h) * dim + k], ref,
 							fabs(ref) + 1e-30);

@@ -381,7 +381,8 @@ static void test_qwen4_exp(void **state)
 		{ "{\"ple_layer_ids\": [6]}", "one-indexed layer id in 1..5" },
 		{ "{\"heads_per_ngram\": 3}", "'ple_embed_dim' (64) must be a multiple" },
 		{ "{\"eos_token_id\": null}", "'eos_token_id' must be a token id" },
-		{ "{\"output_gate_type\": \"sigmoid\"}", "'output_gate_type' must be \"silu\"" },
+		{ "{\"output_gate_type\": \"relu\"}",
+		  "'output_gate_type' must be \"silu\" or \"sigmoid\"" },
 		{ "{\"hc_count\": 1}", "'hc_count' (1) must be between 2" },
 		{ "{\"layer_types\": [\"linear_attention\", \"qsa\", \"linear_attention\", "
 		  "\"linear_attention\", \"full_attention\"]}", "'layer_types[1]' 'qsa'" },
@@ -420,6 +421,22 @@ static void test_qwen4_exp(void **state)
 	assert_int_equal(q->ngram_base, 500);
 	assert_int_equal(q->ple_eos, 511);
 	assert_int_equal(q->split_parts, 8);
+	assert_int_equal(mc.hybrid.gdn.gate_sigmoid, 0); /* hidden_act silu */
+	{
+		/* the sigmoid gate (hidden_act, its default, must be silu for the MLPs) */
+		static const char *const sig[] = { "{\"output_gate_type\": \"sigmoid\"}" };
+
+		for (int i = 0; i < 1; i++) {
+			json_t *c2 = json_deep_copy(cfg), *p = load(sig[i]);
+
+			assert_int_equal(json_object_update(c2, p), 0);
+			if (sm70_model_config_parse(&mc, c2, NULL, &e))
+				fail_msg("%s: %s", sig[i], e.msg);
+			assert_int_equal(mc.hybrid.gdn.gate_sigmoid, 1);
+			json_decref(p);
+			json_decref(c2);
+		}
+	}
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		json_t *c2 = json_deep_copy(cfg), *p = load(bad[i].patch);
 		int ret;
