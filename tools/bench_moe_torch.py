@@ -22,29 +22,19 @@ selects, times their gate_up + down bytes (as sm70-bench moe counts them); %read
 Usage: python3 tools/bench_moe_torch.py --bw-gbs 4627.0 [--iters 30]
 """
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_baselines import median_us  # noqa: E402  (CUDA-event medians after warm-up)
+
 SHAPES = [("30b-a3b", 128, 8, 2048, 768), ("next", 512, 10, 2048, 512)]
 BATCHES = [1, 4, 8, 16]
 ROUTINGS = 16
-
-
-def median_us(fn, iters, per_sample):
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    times = []
-    for it in range(-3, iters):
-        start.record()
-        for i in range(per_sample):
-            fn(i)
-        end.record()
-        end.synchronize()
-        if it >= 0:
-            times.append(start.elapsed_time(end) * 1e3 / per_sample)
-    return statistics.median(times)
 
 
 def make_routing(n, E, k, gen):
