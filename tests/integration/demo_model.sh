@@ -4,7 +4,8 @@
 # the tokenizers package does with it; and the checkpoint, on the CPU backend, continues
 # six English prompts greedily with the tokens transformers gave (fp32, the committed
 # reference), up to the first step whose top-1/top-2 logprob gap is under 1e-3 (a near
-# tie the two fp32 sums may resolve differently; none of the committed cases has one).
+# tie the two fp32 sums may resolve differently; none of the committed cases has one);
+# and the chat format on it, in sm70-run and through sm70d, as sm70-tokenize --chat renders.
 set -eu
 B=${SM70_BUILD:-build}
 M=models/demo
@@ -74,5 +75,38 @@ for i, c in enumerate(cases):
     assert got[:upto] == want[:upto], "case %d (%r): sm70-run %s, transformers %s" % (
         i, c["text"], got, want)
 print("demo model: %d greedy continuations equal transformers'" % len(cases))
+PY
+# 4. The chat format on the demo model (its tokenizer keeps Qwen3's template and special
+# tokens): sm70-run --chat and sm70-generate --chat through sm70d (the SDK renders the
+# template in the client) submit the prompt sm70-tokenize --chat renders, and decode the
+# same greedy tokens.
+printf '%s\n' '{"messages": [{"role": "user", "content": "Who is Mr. Darcy?"}],
+ "add_generation_prompt": true, "enable_thinking": false}' | tr -d '\n' >"$T/chat.jsonl"
+echo >>"$T/chat.jsonl"
+"$B/bin/sm70-tokenize" -m "$M" --chat <"$T/chat.jsonl" >"$T/chat_ids.jsonl"
+"$B/bin/sm70-run" -m "$M" --backend cpu --chat "Who is Mr. Darcy?" --no-thinking -n 6 --json \
+	>"$T/chat_run.json" || fail "sm70-run --chat"
+"$B/bin/sm70d" --model "$M" --backend cpu --socket "$T/d.sock" 2>"$T/d.log" &
+dpid=$!
+i=0
+until [ -S "$T/d.sock" ]; do
+	i=$((i + 1))
+	[ $i -le 100 ] && kill -0 $dpid 2>/dev/null || { cat "$T/d.log"; fail "sm70d did not start"; }
+	sleep 0.1
+done
+"$B/bin/sm70-generate" --socket "$T/d.sock" --chat "Who is Mr. Darcy?" --no-thinking -n 6 \
+	--json >"$T/chat_gen.json" || { kill $dpid; fail "sm70-generate --chat"; }
+kill -TERM $dpid
+wait $dpid || fail "sm70d did not exit 0 after SIGTERM"
+python3 - "$T/chat_ids.jsonl" "$T/chat_run.json" "$T/chat_gen.json" <<'PY' || exit 1
+import json, sys
+ref = json.loads(open(sys.argv[1]).read())
+run, gen = (json.load(open(p)) for p in sys.argv[2:4])
+assert ref["text"].startswith("<|im_start|>user\nWho is Mr. Darcy?<|im_end|>\n"), ref["text"]
+for name, r in (("sm70-run", run), ("sm70-generate", gen)):
+    assert r["usage"]["prompt_tokens"] == len(ref["ids"]), (name, r["usage"], len(ref["ids"]))
+assert run["tokens"] == gen["tokens"] and run["text"] == gen["text"], (run, gen)
+print("demo model: --chat renders %d prompt tokens in sm70-run and through sm70d; both "
+      "continue with %r" % (len(ref["ids"]), run["text"]))
 PY
 echo "PASS demo_model"
