@@ -54,6 +54,20 @@ struct sm70t_daemon {
 };
 
 /* $SM70_BUILD, or "build" when it is unset or empty: where bin/ holds the programs. */
+/* 1 in a build with AddressSanitizer (so is the daemon of the same build dir): its
+ * quarantine keeps freed blocks, so a daemon's RssAnon measures the quarantine there, not
+ * leaks or pools (LeakSanitizer at the daemon's exit is the leak check). */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+
 static inline const char *sm70t_build_dir(void)
 {
 	const char *b = getenv("SM70_BUILD");

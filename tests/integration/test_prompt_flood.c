@@ -45,20 +45,6 @@
 #define VICTIM_MS 2000
 #define STUCK_MS 300
 
-/* Built with ASan (so is the daemon of the same build dir): its quarantine keeps freed
- * blocks (256 MB by default; the engine's own copies of the running jobs' prompts among
- * them), so RssAnon measures the quarantine there, not the pools. */
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
 static struct sm70t_daemon dmn;
 static char model_dir[64];
 static uint32_t big[PROMPT];

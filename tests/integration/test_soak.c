@@ -111,20 +111,6 @@
 #define NR_NEW 300
 #define STORM_KINDS 6
 
-/* Built with ASan (so is the daemon of the same build dir): its quarantine keeps freed
- * blocks (256 MB by default), so RssAnon grows with the work and is not a leak check there;
- * LeakSanitizer at the daemon's exit is. */
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
 static struct sm70t_daemon dmn;
 static pid_t kids[N_CLIENTS + 3]; /* live child processes, for the teardown after a failure */
 /* The parent's ends of the pipes of the children started so far: a child started later
