@@ -292,6 +292,27 @@ static inline long sm70t_status_kb(pid_t pid, const char *field)
 	return v;
 }
 
+/* Runs a shell command, at most size - 1 bytes of its stdout into out (NUL-terminated);
+ * returns its exit status, or -1 when it did not exit. */
+static inline int sm70t_capture(const char *cmd, char *out, size_t size)
+{
+	FILE *f = popen(cmd, "r");
+	size_t n = 0;
+	int st;
+
+	assert_non_null(f);
+	while (n + 1 < size) {
+		size_t r = fread(out + n, 1, size - 1 - n, f);
+
+		if (!r)
+			break;
+		n += r;
+	}
+	out[n] = '\0';
+	st = pclose(f);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* The daemon's `sm70ctl --json status` object through its admin socket (the caller
  * json_decref()s it), or NULL when sm70ctl failed or printed no JSON. */
 static inline json_t *sm70t_ctl_status(const struct sm70t_daemon *t)

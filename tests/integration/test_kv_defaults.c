@@ -39,26 +39,6 @@ static uint64_t mem_available(void)
 	return (uint64_t)kb * 1024;
 }
 
-/* Runs a shell command, its stdout into out; returns its exit status. */
-static int run(const char *cmd, char *out, size_t size)
-{
-	FILE *f = popen(cmd, "r");
-	size_t n = 0;
-	int st;
-
-	assert_non_null(f);
-	while (n + 1 < size) {
-		size_t r = fread(out + n, 1, size - 1 - n, f);
-
-		if (!r)
-			break;
-		n += r;
-	}
-	out[n] = '\0';
-	st = pclose(f);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void stop(struct sm70t_daemon *t)
 {
 	int st = sm70t_daemon_stop(t, SIGTERM, 10000);
@@ -91,7 +71,7 @@ static void expect_warning(const char *config, const char *want)
 	json_decref(r);
 	snprintf(cmd, sizeof(cmd), "%s/bin/sm70ctl --socket %s.admin status", sm70t_build_dir(),
 		 t.sock);
-	assert_int_equal(run(cmd, out, sizeof(out)), 0);
+	assert_int_equal(sm70t_capture(cmd, out, sizeof(out)), 0);
 	assert_non_null(strstr(out, "\nwarning    the KV cache holds"));
 	assert_non_null(strstr(out, want));
 	stop(&t);
@@ -120,7 +100,7 @@ static long long checked_kv_mib(const char *config)
 	snprintf(cmd, sizeof(cmd), "f=/tmp/sm70-kv-defaults-%d.json; printf '%%s' '%s' > $f && "
 		 "%s/bin/sm70d --check-config --model %s --config $f; st=$?; rm -f $f; exit $st",
 		 (int)getpid(), config, sm70t_build_dir(), SM70T_DEFAULT_MODEL);
-	if (run(cmd, out, sizeof(out)) != 0)
+	if (sm70t_capture(cmd, out, sizeof(out)) != 0)
 		return -1;
 	p = strstr(out, "KV cache ");
 	return p ? atoll(p + 9) : -1;
@@ -175,7 +155,7 @@ static void test_packaged_config_checks(void **state)
 		 "sed 's|/var/lib/sm70/model|%s|; s|\"sm70-clients\"|0|' packaging/sm70d.json "
 		 "> $f && %s/bin/sm70d --check-config --config $f; st=$?; rm -f $f; exit $st",
 		 (int)getpid(), SM70T_DEFAULT_MODEL, sm70t_build_dir());
-	assert_int_equal(run(cmd, out, sizeof(out)), 0);
+	assert_int_equal(sm70t_capture(cmd, out, sizeof(out)), 0);
 	printf("%s", out);
 	assert_non_null(strstr(out, "configuration OK"));
 }

@@ -163,26 +163,10 @@ static int check_format(const char *text)
  * status. */
 static int ctl(const char *args, char *out, size_t size)
 {
-	const char *b = getenv("SM70_BUILD");
 	char cmd[512];
-	size_t n = 0;
-	FILE *f;
-	int st;
 
-	snprintf(cmd, sizeof(cmd), "%s/bin/sm70ctl %s 2>/dev/null", b && *b ? b : "build",
-		 args);
-	f = popen(cmd, "r");
-	assert_non_null(f);
-	while (n + 1 < size && !feof(f)) {
-		size_t r = fread(out + n, 1, size - 1 - n, f);
-
-		if (!r)
-			break;
-		n += r;
-	}
-	out[n] = '\0';
-	st = pclose(f);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	snprintf(cmd, sizeof(cmd), "%s/bin/sm70ctl %s 2>/dev/null", sm70t_build_dir(), args);
+	return sm70t_capture(cmd, out, size);
 }
 
 /* ---- jobs through the SDK --------------------------------------------------------------- */
