@@ -3,12 +3,13 @@
  */
 #include "daemon/engine/load_check.h"
 
-/* What every allocation returns: loaders only pass it back to upload and buf_free. */
-static _Alignas(64) unsigned char placeholder[64];
+/* The address every allocation of a check-only load returns (--check-config reads no
+ * weight data): the loaders only pass it back to upload and buf_free, which do nothing. */
+static _Alignas(64) unsigned char no_data[64];
 
 static void *check_alloc(struct sm70_backend *be, size_t bytes)
 {
-	return placeholder;
+	return no_data;
 }
 
 static void check_free(struct sm70_backend *be, void *p)
@@ -38,9 +39,9 @@ static int check_prepare_weight(struct sm70_backend *be, struct sm70_weight *w_o
 				const struct sm70_weight *host, struct sm70_err *err)
 {
 	*w_out = *host;
-	w_out->data = placeholder;
-	w_out->scale = placeholder;
-	w_out->row_scale2 = host->row_scale2 ? (float *)placeholder : NULL;
+	w_out->data = no_data;
+	w_out->scale = no_data;
+	w_out->row_scale2 = host->row_scale2 ? (float *)no_data : NULL;
 	return 0;
 }
 
@@ -48,9 +49,9 @@ static int check_prepare_experts(struct sm70_backend *be, struct sm70_experts *o
 				 const struct sm70_experts *host, struct sm70_err *err)
 {
 	*out = *host;
-	out->data = placeholder;
-	out->scale = placeholder;
-	out->row_scale2 = (float *)placeholder;
+	out->data = no_data;
+	out->scale = no_data;
+	out->row_scale2 = (float *)no_data;
 	return 0;
 }
 

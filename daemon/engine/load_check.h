@@ -9,10 +9,10 @@
 
 #include "kernels/backend.h"
 
-/* *out = *orig with buf_alloc returning a placeholder (never NULL; never to be
+/* *out = *orig with buf_alloc returning one shared address (never NULL; never to be
  * dereferenced), buf_free, upload, download, sync, host_register and host_unregister
  * doing nothing, and prepare_weight / prepare_experts (where orig has them) giving
- * placeholder buffers. Compute ops are left as they are: a load calls none. */
+ * that address for their buffers. Compute ops are left as they are: a load calls none. */
 void sm70__load_check_ops(struct sm70_backend_ops *out, const struct sm70_backend_ops *orig);
 
 #endif
