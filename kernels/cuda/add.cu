@@ -4,12 +4,14 @@
  * Non-goals: fusing with anything (add_rmsnorm.cu does the fused form the model uses).
  */
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 static __global__ void add_kernel(float *__restrict__ resid, const __half *__restrict__ x,
 				  size_t count)
 {
 	size_t stride = (size_t)gridDim.x * blockDim.x;
 
+	sm70__pdl_enter();
 	for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < count; k += stride)
 		resid[k] += __half2float(x[k]);
 }
@@ -25,7 +27,7 @@ extern "C" void sm70__cuda_add(struct sm70_backend *be, float *resid, const void
 
 	if (count == 0)
 		return;
-	add_kernel<<<(unsigned)(blocks < cap ? blocks : cap), threads, 0, c->stream>>>(
-		resid, (const __half *)x, count);
+	sm70__launch_pdl(c, add_kernel, dim3((unsigned)(blocks < cap ? blocks : cap)),
+			 dim3(threads), 0, resid, (const __half *)x, count);
 	SM70_CUDA_LAUNCHED(be, "add_kernel");
 }

@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "kernels/cuda/attn_decode.h"
+#include "kernels/cuda/pdl.h"
 
 /* A split's partial for one head (cuda_check.h states the layout). */
 #define ATTN_PR(D) SM70__ATTN_PR(D)
@@ -102,15 +103,50 @@ static __device__ void attn_merge_weights(const float *pb, int ns, int D, float 
 		w_s[z] *= l;
 }
 
-/* Sum over the ns partials (row stride PR floats) of 4 dims at pb, weighted by w_s: eight
- * 16-byte loads in flight. Partials come through L2 (__ldcg): other blocks wrote them. */
-static __device__ float4 attn_merge_dims(const float *pb, const float *w_s, int ns, int PR)
+static __device__ __forceinline__ void attn_store4(__half *o, float4 v)
 {
-	float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	((__half2 *)o)[0] = __floats2half2_rn(v.x, v.y);
+	((__half2 *)o)[1] = __floats2half2_rn(v.z, v.w);
+}
 
-#pragma unroll 8
-	for (int z = 0; z < ns; z++) {
-		const float4 v = __ldcg((const float4 *)(pb + (size_t)z * PR));
+#define MERGE_PF 16 /* partials a thread loads before the weights are known */
+
+/* Merges the nsplit partials of each (token, head): one block each, one thread per 4 dims;
+ * the first warp computes the weights. Each thread's first MERGE_PF partials load while
+ * that warp reads the m's and l's, so a merge costs one L2 latency instead of two. The
+ * partials come through L2 (__ldcg): other blocks wrote them. The sum runs over z in order. */
+static __global__ void attn_merge_kernel(__half *__restrict__ out,
+					 const float *__restrict__ part, int nsplit, int D)
+{
+	sm70__pdl_enter();
+	extern __shared__ float w_s[]; /* 2 * nsplit */
+	const float *pp = part + (size_t)blockIdx.x * nsplit * ATTN_PR(D);
+	const int tid = threadIdx.x;
+	const bool mine = tid < D / 4;
+	float4 pre[MERGE_PF], o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+#pragma unroll
+	for (int z = 0; z < MERGE_PF; z++)
+		if (mine && z < nsplit)
+			pre[z] = __ldcg((const float4 *)(pp + tid * 4 + (size_t)z * ATTN_PR(D)));
+	if (tid < 32)
+		attn_merge_weights(pp, nsplit, D, w_s);
+	__syncthreads();
+	if (!mine)
+		return;
+#pragma unroll
+	for (int z = 0; z < MERGE_PF; z++) {
+		if (z < nsplit) {
+			const float w = w_s[z];
+
+			o.x += w * pre[z].x;
+			o.y += w * pre[z].y;
+			o.z += w * pre[z].z;
+			o.w += w * pre[z].w;
+		}
+	}
+	for (int z = MERGE_PF; z < nsplit; z++) {
+		const float4 v = __ldcg((const float4 *)(pp + tid * 4 + (size_t)z * ATTN_PR(D)));
 		const float w = w_s[z];
 
 		o.x += w * v.x;
@@ -118,38 +154,15 @@ static __device__ float4 attn_merge_dims(const float *pb, const float *w_s, int 
 		o.z += w * v.z;
 		o.w += w * v.w;
 	}
-	return o;
-}
-
-static __device__ __forceinline__ void attn_store4(__half *o, float4 v)
-{
-	((__half2 *)o)[0] = __floats2half2_rn(v.x, v.y);
-	((__half2 *)o)[1] = __floats2half2_rn(v.z, v.w);
-}
-
-/* Merges the nsplit partials of each (token, head): one block each, one thread per 4 dims;
- * the first warp computes the weights. */
-static __global__ void attn_merge_kernel(__half *__restrict__ out,
-					 const float *__restrict__ part, int nsplit, int D)
-{
-	extern __shared__ float w_s[]; /* 2 * nsplit */
-	const float *pp = part + (size_t)blockIdx.x * nsplit * ATTN_PR(D);
-	const int tid = threadIdx.x;
-
-	if (tid < 32)
-		attn_merge_weights(pp, nsplit, D, w_s);
-	__syncthreads();
-	if (tid < D / 4)
-		attn_store4(out + (size_t)blockIdx.x * D + tid * 4,
-			    attn_merge_dims(pp + tid * 4, w_s, nsplit, ATTN_PR(D)));
+	attn_store4(out + (size_t)blockIdx.x * D + tid * 4, o);
 }
 
 /* See cuda_check.h. */
 int sm70__cuda_attn_merge(struct sm70__cuda *c, __half *out, const float *part, int rows,
 			  int nsplit, int D)
 {
-	attn_merge_kernel<<<rows, (D / 4 + 31) / 32 * 32, (size_t)nsplit * 2 * sizeof(float),
-			    c->stream>>>(out, part, nsplit, D);
+	sm70__launch_pdl(c, attn_merge_kernel, dim3(rows), dim3((D / 4 + 31) / 32 * 32),
+			 (size_t)nsplit * 2 * sizeof(float), out, part, nsplit, D);
 	if (SM70_CUDA_LAUNCHED(&c->be, "attn_merge_kernel"))
 		return -EIO;
 	return 0;
@@ -214,6 +227,7 @@ static __device__ __forceinline__ void e4m3x16_to_f16_scaled(uint4 in, uint4 &lo
 template <int D, bool FP8, int TP, int NPF>
 static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm70__attn_args a)
 {
+	sm70__pdl_enter();
 	using namespace nvcuda;
 	using L = tcl<D, TP>;
 	typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_t;
@@ -493,8 +507,8 @@ static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_
 	 * a second partial wave would cost a whole block's time). */
 	sm70__attn_size_split(c, &a, n_tokens, D, max_pos, (long)resident * c->n_sm / blocks, TP,
 			      TP);
-	attn_tc_kernel<D, FP8, TP, NPF><<<dim3((unsigned)blocks, a.nsplit), TC_THREADS, smem,
-					  c->stream>>>(a);
+	sm70__launch_pdl(c, attn_tc_kernel<D, FP8, TP, NPF>, dim3((unsigned)blocks, a.nsplit),
+			 dim3(TC_THREADS), smem, a);
 	if (SM70_CUDA_LAUNCHED(&c->be, "attn_tc_kernel"))
 		return -EIO;
 	if (a.nsplit > 1)

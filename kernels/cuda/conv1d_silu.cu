@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define THREADS 256
 #define SUB 64 /* tokens per chunk piece; >= conv_k - 1 */
@@ -64,6 +65,7 @@ static __device__ __forceinline__ float conv_silu(float v)
 template <int K>
 static __global__ void conv_kernel(struct conv_args a, int chunks)
 {
+	sm70__pdl_enter();
 	const int ch = blockIdx.x * THREADS + threadIdx.x;
 	const int s0 = blockIdx.z * SUB;
 	const int dim = a.conv_dim;
@@ -169,13 +171,15 @@ static void conv_launch(struct sm70__cuda *c, const struct conv_args &a, int n_d
 		return;
 	}
 	if (n_decode > 0) {
-		conv_kernel<K><<<dim3(bx, (unsigned)n_decode, 1), THREADS, 0, c->stream>>>(a, 0);
+		sm70__launch_pdl(c, conv_kernel<K>, dim3(bx, (unsigned)n_decode, 1), dim3(THREADS),
+				 0, a, 0);
 		SM70_CUDA_LAUNCHED(&c->be, "conv_kernel (decodes)");
 	}
 	if (n_chunks > 0) {
 		unsigned pieces = (unsigned)((max_len + SUB - 1) / SUB);
 
-		conv_kernel<K><<<dim3(bx, (unsigned)n_chunks, pieces), THREADS, 0, c->stream>>>(a, 1);
+		sm70__launch_pdl(c, conv_kernel<K>, dim3(bx, (unsigned)n_chunks, pieces),
+				 dim3(THREADS), 0, a, 1);
 		SM70_CUDA_LAUNCHED(&c->be, "conv_kernel (chunks)");
 	}
 }

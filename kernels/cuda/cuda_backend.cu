@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 void sm70__cuda_fail(struct sm70_backend *be, const char *call, const char *file, int line,
 		     const char *msg)
@@ -288,6 +289,29 @@ static int wants_reference(const char *name)
 	return 1;
 }
 
+/* Which launches may overlap (pdl.h): by default the kernels that load before their
+ * wait; SM70_PDL=0 none ("fully ordered"), =plain the others only, =all both. Measured
+ * (docs/PERFORMANCE.md, "Overlapped launches"): the plain kind costs 4% at B16. */
+static unsigned want_pdl(void)
+{
+	const char *v = getenv("SM70_PDL");
+	unsigned kinds = SM70__PDL_PREFETCH;
+
+	if (!v || !*v || strcmp(v, "prefetch") == 0)
+		return kinds;
+	if (strcmp(v, "0") == 0)
+		kinds = 0;
+	else if (strcmp(v, "plain") == 0)
+		kinds = SM70__PDL_PLAIN;
+	else if (strcmp(v, "all") == 0)
+		kinds = SM70__PDL_PLAIN | SM70__PDL_PREFETCH;
+	else
+		fprintf(stderr, "sm70 cuda: SM70_PDL=%s not known (0, prefetch, plain, all)\n", v);
+	fprintf(stderr, "sm70 cuda: SM70_PDL=%s: %s\n", v,
+		kinds ? "overlapped launches for those kernels" : "every launch fully ordered");
+	return kinds;
+}
+
 /* SM70_NVFP4_VARIANT (0 .. 3, see matmul_nvfp4.cu), for timing the NVFP4 kernels against
  * each other; 0 (auto) when unset or out of range. */
 static int nvfp4_variant(void)
@@ -404,6 +428,7 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	c->nvfp4_variant = nvfp4_variant();
 	c->attn_ref = wants_reference("SM70_ATTENTION");
 	c->sample_ref = wants_reference("SM70_SAMPLER");
+	c->pdl = prop.major >= 9 ? want_pdl() : 0;
 	/* without its scratch the sample op runs its reference kernel */
 	if (cudaMalloc(&c->sample_scratch, SM70__CUDA_SAMPLE_SCRATCH_BYTES) != cudaSuccess ||
 	    cudaMemset(c->sample_scratch, 0, SM70__CUDA_SAMPLE_SCRATCH_BYTES) != cudaSuccess) {

@@ -71,6 +71,7 @@ struct sm70__cuda {
 	float *attn_part;         /* split-KV partials, SM70__CUDA_ATTN_PART_BYTES */
 	void *sample_scratch;     /* SM70__CUDA_SAMPLE_SCRATCH_BYTES, zeroed; NULL: reference */
 	int sample_ref;           /* SM70_SAMPLER=reference */
+	unsigned pdl;             /* SM70__PDL_* kinds whose launches may overlap (pdl.h) */
 	void *stage[SM70__CUDA_STAGE_SLOTS];
 	cudaEvent_t stage_done[SM70__CUDA_STAGE_SLOTS];
 	int stage_next;

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define WARPS 4
 
@@ -24,6 +25,7 @@ static __global__ void gated_rmsnorm_kernel(__half *__restrict__ x, const __half
 					    int z_ld, const float *__restrict__ w, int n_items,
 					    int n_heads, int dim, float eps, int sig)
 {
+	sm70__pdl_enter();
 	const int item = blockIdx.x * WARPS + (threadIdx.x >> 5);
 	const int lane = threadIdx.x & 31;
 	__half *xh;
@@ -98,12 +100,12 @@ extern "C" void sm70__cuda_gated_rmsnorm(struct sm70_backend *be, void *x, const
 	}
 	blocks = (unsigned)((items + WARPS - 1) / WARPS);
 	if (dim % 4 == 0 && z_ld % 4 == 0 && align % 8 == 0)
-		gated_rmsnorm_kernel<4><<<blocks, WARPS * 32, 0, c->stream>>>(
-			(__half *)x, (const __half *)z, z_ld, w, (int)items, n_heads, dim, eps,
-			gate_sigmoid != 0);
+		sm70__launch_pdl(c, gated_rmsnorm_kernel<4>, dim3(blocks), dim3(WARPS * 32), 0,
+				 (__half *)x, (const __half *)z, z_ld, w, (int)items, n_heads, dim,
+				 eps, gate_sigmoid != 0);
 	else
-		gated_rmsnorm_kernel<1><<<blocks, WARPS * 32, 0, c->stream>>>(
-			(__half *)x, (const __half *)z, z_ld, w, (int)items, n_heads, dim, eps,
-			gate_sigmoid != 0);
+		sm70__launch_pdl(c, gated_rmsnorm_kernel<1>, dim3(blocks), dim3(WARPS * 32), 0,
+				 (__half *)x, (const __half *)z, z_ld, w, (int)items, n_heads, dim,
+				 eps, gate_sigmoid != 0);
 	SM70_CUDA_LAUNCHED(be, "gated_rmsnorm_kernel");
 }

@@ -5,11 +5,13 @@
  * Non-goals: scatter, strided sources.
  */
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 template <typename T>
 static __global__ void gather_kernel(T *__restrict__ dst, const T *__restrict__ src,
 				     const int32_t *__restrict__ rows, int dim)
 {
+	sm70__pdl_enter();
 	const T *s = src + (size_t)rows[blockIdx.x] * dim;
 	T *d = dst + (size_t)blockIdx.x * dim;
 
@@ -27,10 +29,10 @@ extern "C" void sm70__cuda_gather_rows(struct sm70_backend *be, void *dst, const
 	if (n <= 0 || dim <= 0)
 		return;
 	if (is_f32)
-		gather_kernel<float><<<n, threads, 0, c->stream>>>((float *)dst,
-								   (const float *)src, rows, dim);
+		sm70__launch_pdl(c, gather_kernel<float>, dim3(n), dim3(threads), 0, (float *)dst,
+				 (const float *)src, rows, dim);
 	else
-		gather_kernel<__half><<<n, threads, 0, c->stream>>>((__half *)dst,
-								    (const __half *)src, rows, dim);
+		sm70__launch_pdl(c, gather_kernel<__half>, dim3(n), dim3(threads), 0, (__half *)dst,
+				 (const __half *)src, rows, dim);
 	SM70_CUDA_LAUNCHED(be, "gather_kernel");
 }

@@ -57,6 +57,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define REC_THREADS 128
 #define CH_THREADS 256
@@ -178,6 +179,8 @@ static __global__ void __launch_bounds__(REC_THREADS)
 	const int n_units = serial ? a.n_tokens : 1;
 	float4 s[R];
 
+	if (serial)
+		sm70__pdl_enter();
 	for (int u = 0; u < n_units; u++) {
 		struct rec_in<DK> in;
 		int first, len, slot;
@@ -201,6 +204,10 @@ static __global__ void __launch_bounds__(REC_THREADS)
 
 			s[r] = CS ? __ldcs(p) : *p;
 		}
+		/* Only this op writes the state, and the batch arrays are uploads: both could
+		 * be read while the op ahead drained; its output (the conv's) cannot. */
+		if (!serial)
+			sm70__pdl_enter();
 		rec_fetch<DK>(a, first, w, lane, kh, h, j0, &in);
 		if (a.tok_pos[first] == 0) {
 #pragma unroll
@@ -702,17 +709,23 @@ static void rec_launch(struct sm70__cuda *c, const struct gdn_args &a, int cols,
 	const dim3 grid((unsigned)(a.dv / cols), (unsigned)a.n_v, (unsigned)(serial ? 1 : segs));
 
 	if (cols == 16 && cs)
-		gdn_rec_kernel<DK, 4, true><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
+		sm70__launch_pdl_prefetch(c, gdn_rec_kernel<DK, 4, true>, grid, dim3(REC_THREADS), 0, a,
+				 serial);
 	else if (cols == 16)
-		gdn_rec_kernel<DK, 4, false><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
+		sm70__launch_pdl_prefetch(c, gdn_rec_kernel<DK, 4, false>, grid, dim3(REC_THREADS), 0, a,
+				 serial);
 	else if (cols == 64 && cs)
-		gdn_rec_kernel<DK, 16, true><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
+		sm70__launch_pdl_prefetch(c, gdn_rec_kernel<DK, 16, true>, grid, dim3(REC_THREADS), 0, a,
+				 serial);
 	else if (cols == 64)
-		gdn_rec_kernel<DK, 16, false><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
+		sm70__launch_pdl_prefetch(c, gdn_rec_kernel<DK, 16, false>, grid, dim3(REC_THREADS), 0, a,
+				 serial);
 	else if (cs)
-		gdn_rec_kernel<DK, 8, true><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
+		sm70__launch_pdl_prefetch(c, gdn_rec_kernel<DK, 8, true>, grid, dim3(REC_THREADS), 0, a,
+				 serial);
 	else
-		gdn_rec_kernel<DK, 8, false><<<grid, REC_THREADS, 0, c->stream>>>(a, serial);
+		sm70__launch_pdl_prefetch(c, gdn_rec_kernel<DK, 8, false>, grid, dim3(REC_THREADS), 0, a,
+				 serial);
 	SM70_CUDA_LAUNCHED(&c->be, "gdn_rec_kernel");
 }
 
@@ -826,7 +839,9 @@ extern "C" void sm70__cuda_gdn(struct sm70_backend *be, void *out, const void *q
 	 * the 27B shape), 64 (256-byte row segments) from B4 or so; measured on an H200 by
 	 * sm70-bench gdn */
 	bands32 = (long)(dv / 32) * lay->n_v_heads * segs;
-	if (dv % 32 || bands32 < 2L * c->n_sm)
+	if (dv % 32 == 0 && bands32 < 2L * c->n_sm && (c->pdl & SM70__PDL_PREFETCH))
+		cols = 32; /* the state loads start under the op ahead: fewer, wider blocks */
+	else if (dv % 32 || bands32 < 2L * c->n_sm)
 		cols = 16;
 	else if (dv % 64 == 0 && bands32 / 2 >= 2L * c->n_sm)
 		cols = 64;

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define WARPS 4
 
@@ -47,6 +48,7 @@ template <typename T, int V>
 static __global__ void group_rmsnorm_kernel(__half *y, const T *x, const float *__restrict__ w,
 					    int n_items, int groups, int dim, float eps)
 {
+	sm70__pdl_enter();
 	const int item = blockIdx.x * WARPS + (threadIdx.x >> 5);
 	const int lane = threadIdx.x & 31;
 	const T *xg;
@@ -100,11 +102,11 @@ static void group_rmsnorm_launch(struct sm70__cuda *c, void *y, const void *x, c
 	const uintptr_t x_align = sizeof(T) * 4;
 
 	if (dim % 4 == 0 && (uintptr_t)x % x_align == 0 && (uintptr_t)y % 8 == 0)
-		group_rmsnorm_kernel<T, 4><<<blocks, WARPS * 32, 0, c->stream>>>(
-			(__half *)y, (const T *)x, w, items, groups, dim, eps);
+		sm70__launch_pdl(c, group_rmsnorm_kernel<T, 4>, dim3(blocks), dim3(WARPS * 32), 0,
+				 (__half *)y, (const T *)x, w, items, groups, dim, eps);
 	else
-		group_rmsnorm_kernel<T, 1><<<blocks, WARPS * 32, 0, c->stream>>>(
-			(__half *)y, (const T *)x, w, items, groups, dim, eps);
+		sm70__launch_pdl(c, group_rmsnorm_kernel<T, 1>, dim3(blocks), dim3(WARPS * 32), 0,
+				 (__half *)y, (const T *)x, w, items, groups, dim, eps);
 	SM70_CUDA_LAUNCHED(&c->be, "group_rmsnorm_kernel");
 }
 

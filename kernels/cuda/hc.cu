@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define THREADS 256
 
@@ -34,6 +35,7 @@ static __global__ void hc_gates_kernel(__half *__restrict__ z, float *__restrict
 				       const float *__restrict__ f, int ld, int n, int rank,
 				       int streams, int width)
 {
+	sm70__pdl_enter();
 	const size_t idx = (size_t)blockIdx.x * THREADS + threadIdx.x;
 	const int i = (int)(idx / width), k = (int)(idx % width);
 	float v;
@@ -60,8 +62,8 @@ extern "C" void sm70__cuda_hc_gates(struct sm70_backend *be, void *z, float *inj
 		sm70__cuda_fail(be, "hc_gates", __FILE__, __LINE__, "bad rank or ld");
 		return;
 	}
-	hc_gates_kernel<<<hc_blocks((size_t)n * width), THREADS, 0, c->stream>>>(
-		(__half *)z, inj, f, ld, n, rank, streams, width);
+	sm70__launch_pdl(c, hc_gates_kernel, dim3(hc_blocks((size_t)n * width)), dim3(THREADS), 0,
+			 (__half *)z, inj, f, ld, n, rank, streams, width);
 	SM70_CUDA_LAUNCHED(be, "hc_gates_kernel");
 }
 
@@ -70,6 +72,7 @@ template <int V>
 static __global__ void hc_combine_kernel(__half *__restrict__ y, const __half *__restrict__ u,
 					 const __half *__restrict__ xn, int n, int streams, int dim)
 {
+	sm70__pdl_enter();
 	const size_t idx = ((size_t)blockIdx.x * THREADS + threadIdx.x) * V;
 	const size_t i = idx / dim, k = idx % dim;
 	const size_t row = (size_t)streams * dim;
@@ -113,11 +116,13 @@ extern "C" void sm70__cuda_hc_combine(struct sm70_backend *be, void *y, const vo
 	if (n <= 0 || streams <= 0 || dim <= 0)
 		return;
 	if (dim % 2 == 0 && align % 4 == 0)
-		hc_combine_kernel<2><<<hc_blocks(count / 2), THREADS, 0, c->stream>>>(
-			(__half *)y, (const __half *)u, (const __half *)xn, n, streams, dim);
+		sm70__launch_pdl(c, hc_combine_kernel<2>, dim3(hc_blocks(count / 2)), dim3(THREADS),
+				 0, (__half *)y, (const __half *)u, (const __half *)xn, n, streams,
+				 dim);
 	else
-		hc_combine_kernel<1><<<hc_blocks(count), THREADS, 0, c->stream>>>(
-			(__half *)y, (const __half *)u, (const __half *)xn, n, streams, dim);
+		sm70__launch_pdl(c, hc_combine_kernel<1>, dim3(hc_blocks(count)), dim3(THREADS), 0,
+				 (__half *)y, (const __half *)u, (const __half *)xn, n, streams,
+				 dim);
 	SM70_CUDA_LAUNCHED(be, "hc_combine_kernel");
 }
 
@@ -127,6 +132,7 @@ template <int V>
 static __global__ void hc_inject_kernel(float *__restrict__ x, const __half *__restrict__ delta,
 					const float *__restrict__ inj, int n, int streams, int dim)
 {
+	sm70__pdl_enter();
 	const size_t idx = ((size_t)blockIdx.x * THREADS + threadIdx.x) * V;
 	const size_t item = idx / dim, k = idx % dim; /* item: row * streams + stream */
 	const __half *d;
@@ -158,10 +164,10 @@ extern "C" void sm70__cuda_hc_inject(struct sm70_backend *be, float *x, const vo
 	if (n <= 0 || streams <= 0 || dim <= 0)
 		return;
 	if (dim % 2 == 0 && (uintptr_t)x % 8 == 0 && (uintptr_t)delta % 4 == 0)
-		hc_inject_kernel<2><<<hc_blocks(count / 2), THREADS, 0, c->stream>>>(
-			x, (const __half *)delta, inj, n, streams, dim);
+		sm70__launch_pdl(c, hc_inject_kernel<2>, dim3(hc_blocks(count / 2)), dim3(THREADS),
+				 0, x, (const __half *)delta, inj, n, streams, dim);
 	else
-		hc_inject_kernel<1><<<hc_blocks(count), THREADS, 0, c->stream>>>(
-			x, (const __half *)delta, inj, n, streams, dim);
+		sm70__launch_pdl(c, hc_inject_kernel<1>, dim3(hc_blocks(count)), dim3(THREADS), 0,
+				 x, (const __half *)delta, inj, n, streams, dim);
 	SM70_CUDA_LAUNCHED(be, "hc_inject_kernel");
 }

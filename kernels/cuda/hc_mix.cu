@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define MIX_WARPS 8      /* warps per block, both passes */
 #define DOWN_ROWS 8      /* pass 1: rows per block, one a warp */
@@ -61,6 +62,7 @@ static __global__ void __launch_bounds__(MIX_WARPS * 32)
 			   const float *__restrict__ x, const float *__restrict__ norm,
 			   const __half *__restrict__ w, int rows, int width, int dim, float eps)
 {
+	sm70__pdl_enter();
 	extern __shared__ uint4 xs_raw[];
 	__half *xs = (__half *)xs_raw;
 	__shared__ float red[MIX_WARPS];
@@ -123,6 +125,7 @@ static __global__ void __launch_bounds__(MIX_WARPS * 32)
 			 const float *__restrict__ part, const __half *__restrict__ xn,
 			 const __half *__restrict__ up, int rows, int S, int dim, int rank)
 {
+	sm70__pdl_enter();
 	extern __shared__ uint4 zs_raw[];
 	__half *zs = (__half *)zs_raw;
 	const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
@@ -219,15 +222,15 @@ extern "C" int sm70__cuda_hc_mix(struct sm70_backend *be, void *y, float *inj, v
 						     cudaFuncAttributeMaxDynamicSharedMemorySize,
 						     dim * 2)))
 		return -EIO;
-	hc_mix_down_kernel<<<dim3((unsigned)((width + DOWN_ROWS - 1) / DOWN_ROWS),
-				  (unsigned)streams),
-			     MIX_WARPS * 32, (size_t)dim * 2, c->stream>>>(
-		part, (__half *)xn, x, norm, (const __half *)mix->data, mix->rows, width, dim,
-		eps);
+	sm70__launch_pdl(c, hc_mix_down_kernel,
+			 dim3((unsigned)((width + DOWN_ROWS - 1) / DOWN_ROWS), (unsigned)streams),
+			 dim3(MIX_WARPS * 32), (size_t)dim * 2, part, (__half *)xn, x, norm,
+			 (const __half *)mix->data, mix->rows, width, dim, eps);
 	SM70_CUDA_LAUNCHED(be, "hc_mix_down_kernel");
-	hc_mix_up_kernel<<<(unsigned)((dim + MIX_WARPS * UP_J - 1) / (MIX_WARPS * UP_J)),
-			   MIX_WARPS * 32, (size_t)rank * 2, c->stream>>>(
-		(__half *)y, inj, part, (const __half *)xn, (const __half *)up->data, mix->rows,
-		streams, dim, rank);
+	sm70__launch_pdl(c, hc_mix_up_kernel,
+			 dim3((unsigned)((dim + MIX_WARPS * UP_J - 1) / (MIX_WARPS * UP_J))),
+			 dim3(MIX_WARPS * 32), (size_t)rank * 2, (__half *)y, inj, part,
+			 (const __half *)xn, (const __half *)up->data, mix->rows, streams, dim,
+			 rank);
 	return SM70_CUDA_LAUNCHED(be, "hc_mix_up_kernel");
 }

@@ -10,6 +10,7 @@
  * Non-goals: rope scaling (yarn, dynamic, linear), interleaved (GPT-J) pairs.
  */
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define HEADS_PER_BLOCK 4
 
@@ -18,6 +19,7 @@ static __global__ void head_norm_rope_kernel(__half *qk, int ld, int n_heads, in
 					     const int32_t *__restrict__ pos, int rot_dim,
 					     float theta)
 {
+	sm70__pdl_enter();
 	extern __shared__ float tab[]; /* cos [half], then sin [half] */
 	const int half = rot_dim / 2;
 	const int lane = threadIdx.x & 31;
@@ -65,7 +67,8 @@ extern "C" void sm70__cuda_head_norm_rope(struct sm70_backend *be, void *qk, int
 		sm70__cuda_fail(be, "head_norm_rope", __FILE__, __LINE__, "bad rot_dim");
 		return;
 	}
-	head_norm_rope_kernel<<<grid, HEADS_PER_BLOCK * 32, smem, c->stream>>>(
-		(__half *)qk, ld, n_heads, head_dim, norm_w, eps, pos, rot_dim, (float)theta);
+	sm70__launch_pdl(c, head_norm_rope_kernel, dim3(grid), dim3(HEADS_PER_BLOCK * 32), smem,
+			 (__half *)qk, ld, n_heads, head_dim, norm_w, eps, pos, rot_dim,
+			 (float)theta);
 	SM70_CUDA_LAUNCHED(be, "head_norm_rope_kernel");
 }

@@ -11,7 +11,7 @@
  * encode is a handful of integer ops per element on a tiny tensor).
  */
 #include "kernels/cuda/cuda_check.h"
-
+#include "kernels/cuda/pdl.h"
 
 template <bool FP8>
 static __global__ void kv_write_kernel(void *kc, void *vc, const __half *__restrict__ k,
@@ -19,6 +19,7 @@ static __global__ void kv_write_kernel(void *kc, void *vc, const __half *__restr
 				       const int32_t *__restrict__ slots, long n_slots, int row,
 				       float k_scale, float v_scale)
 {
+	sm70__pdl_enter();
 	const int32_t slot = slots[blockIdx.x];
 	const __half *ks = k + (size_t)blockIdx.x * ld;
 	const __half *vs = v + (size_t)blockIdx.x * ld;
@@ -55,13 +56,13 @@ extern "C" void sm70__cuda_kv_write(struct sm70_backend *be, const struct sm70_k
 	if (n <= 0 || row <= 0)
 		return;
 	if (lay->dtype == SM70_DTYPE_F16) {
-		kv_write_kernel<false><<<n, threads, 0, c->stream>>>(
-			kv->k, kv->v, (const __half *)k, (const __half *)v, ld, slots, n_slots, row,
-			kv->k_scale, kv->v_scale);
+		sm70__launch_pdl(c, kv_write_kernel<false>, dim3(n), dim3(threads), 0, kv->k, kv->v,
+				 (const __half *)k, (const __half *)v, ld, slots, n_slots, row,
+				 kv->k_scale, kv->v_scale);
 	} else if (lay->dtype == SM70_DTYPE_F8E4M3) {
-		kv_write_kernel<true><<<n, threads, 0, c->stream>>>(
-			kv->k, kv->v, (const __half *)k, (const __half *)v, ld, slots, n_slots, row,
-			kv->k_scale, kv->v_scale);
+		sm70__launch_pdl(c, kv_write_kernel<true>, dim3(n), dim3(threads), 0, kv->k, kv->v,
+				 (const __half *)k, (const __half *)v, ld, slots, n_slots, row,
+				 kv->k_scale, kv->v_scale);
 	} else {
 		sm70__cuda_fail(be, "kv_write", __FILE__, __LINE__, "unsupported KV dtype");
 		return;

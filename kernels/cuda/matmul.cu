@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define GEMV_WARPS 8  /* warps per block */
 #define GEMV_ROWS 2   /* output rows per warp: that many W loads in flight per step */
@@ -298,32 +299,46 @@ static __global__ void __launch_bounds__(WARPS * 32,
 	for (int i = lane; i < (16 - 4 * NI) * TC_LD / 8; i += 32)
 		((uint4 *)(xs + 4 * NI * TC_LD))[i] = make_uint4(0, 0, 0, 0);
 
-	/* Loads of step s into register slot d; columns past the end and x rows past n read
-	 * as zero. */
-#define TC_ISSUE(d, s)                                                                   \
-	do {                                                                             \
-		const int k_ = (s) * TC_KS + chunk * 8;                                  \
-		const bool in_ = k_ < cols;                                              \
-		_Pragma("unroll") for (int i = 0; i < 4 * MT; i++) wr[d][i] =           \
-			in_ ? __ldg((const uint4 *)(wp[i] + (s) * TC_KS)) :              \
-			      make_uint4(0, 0, 0, 0);                                    \
-		_Pragma("unroll") for (int i = 0; i < NI; i++) {                         \
-			const int j_ = sub + 4 * i;                                      \
-			const __half *xp_ = x + (size_t)j_ * ldx + k_;                   \
-			xr[d][i] = in_ && j_ < n ? __ldg((const uint4 *)xp_) :           \
-						   make_uint4(0, 0, 0, 0);               \
-			if (SILU)                                                        \
-				xu[SILU ? d : 0][SILU ? i : 0] =                         \
-					in_ && j_ < n ?                                  \
-						__ldg((const uint4 *)(xp_ + cols)) :     \
-						make_uint4(0, 0, 0, 0);                  \
-		}                                                                        \
+		/* Loads of step s into register slot d; columns past the end and x rows past n read
+		 * as zero. The W half reads only weights, so the prologue issues it before the
+		 * launch-overlap wait (pdl.h) and the x half after it. */
+#define TC_ISSUE_W(d, s)                                                                           \
+	do {                                                                                       \
+		const bool in_ = (s)*TC_KS + chunk * 8 < cols;                                     \
+		_Pragma("unroll") for (int i = 0; i < 4 * MT; i++) wr[d][i] =                      \
+			in_ ? __ldg((const uint4 *)(wp[i] + (s)*TC_KS)) : make_uint4(0, 0, 0, 0);  \
+	} while (0)
+#define TC_ISSUE_X(d, s)                                                                           \
+	do {                                                                                       \
+		const int k_ = (s)*TC_KS + chunk * 8;                                              \
+		const bool in_ = k_ < cols;                                                        \
+		_Pragma("unroll") for (int i = 0; i < NI; i++)                                     \
+		{                                                                                  \
+			const int j_ = sub + 4 * i;                                                \
+			const __half *xp_ = x + (size_t)j_ * ldx + k_;                             \
+			xr[d][i] = in_ && j_ < n ? __ldg((const uint4 *)xp_)                       \
+						 : make_uint4(0, 0, 0, 0);                         \
+			if (SILU)                                                                  \
+				xu[SILU ? d : 0][SILU ? i : 0] =                                   \
+					in_ && j_ < n ? __ldg((const uint4 *)(xp_ + cols))         \
+						      : make_uint4(0, 0, 0, 0);                    \
+		}                                                                                  \
+	} while (0)
+#define TC_ISSUE(d, s)                                                                             \
+	do {                                                                                       \
+		TC_ISSUE_W(d, s);                                                                  \
+		TC_ISSUE_X(d, s);                                                                  \
 	} while (0)
 
 #pragma unroll
 	for (int d = 0; d < PF; d++)
 		if (s0 + d < s1)
-			TC_ISSUE(d, s0 + d);
+			TC_ISSUE_W(d, s0 + d);
+	sm70__pdl_enter();
+#pragma unroll
+	for (int d = 0; d < PF; d++)
+		if (s0 + d < s1)
+			TC_ISSUE_X(d, s0 + d);
 	for (int s = s0; s < s1; s += PF) {
 #pragma unroll
 		for (int d = 0; d < PF; d++) {
@@ -360,6 +375,8 @@ static __global__ void __launch_bounds__(WARPS * 32,
 		}
 	}
 #undef TC_ISSUE
+#undef TC_ISSUE_W
+#undef TC_ISSUE_X
 
 	/* Each warp's partial tiles (rows x 16 x columns, row-major) into its own stage,
 	 * then the block adds them. */
@@ -406,9 +423,9 @@ static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 			return;
 		attr_set |= bit;
 	}
-	gemv_tc_kernel<MT, NI, WARPS, PF, SILU>
-		<<<(rows + 16 * MT - 1) / (16 * MT), WARPS * 32, smem, c->stream>>>(
-			y, y_f32, x, w, rows, cols, n);
+	sm70__launch_pdl_prefetch(c, gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
+			 dim3((unsigned)((rows + 16 * MT - 1) / (16 * MT))), dim3(WARPS * 32), smem,
+			 y, y_f32, x, w, rows, cols, n);
 }
 
 /* Two 16-row tiles a warp (half the x re-reads) when that still gives four blocks an SM;

@@ -122,6 +122,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define FP4_KS 64          /* columns a step: 16 rows x 64 columns = 32 lanes x 16 bytes */
 #define FP4_LD (FP4_KS + 8) /* staged row stride in halves: rows 16 bytes apart in banks */
@@ -238,6 +239,7 @@ static __global__ void __launch_bounds__(FP4_WARPS * 32, MT == 1 ? 2 : 1)
 			int rows, int cols, int n, float out_scale,
 			const float *__restrict__ row_scale2)
 {
+	sm70__pdl_enter();
 	using namespace nvcuda;
 	extern __shared__ __align__(128) unsigned char fp4_smem[];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -398,6 +400,7 @@ static __global__ void __launch_bounds__(FP4_WARPS * 32, 2)
 		       const uint4 *__restrict__ codes, const uint16_t *__restrict__ scales,
 		       int rows, int cols, float scale2, const float *__restrict__ row_scale2)
 {
+	sm70__pdl_enter();
 	extern __shared__ __align__(16) float fp4_dot_smem_f[];
 	float *tab = fp4_dot_smem_f, *red = tab + 256, *xs = red + FP4_WARPS * T * NR * 16;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = lane & 1;
@@ -646,9 +649,10 @@ static void fp4_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x
 			return;
 		attr_set |= bit;
 	}
-	fp4_gemv_kernel<MT, NI><<<(n_tiles + MT - 1) / MT, FP4_WARPS * 32, smem, c->stream>>>(
-		y, y_f32, x, (const uint4 *)w->data, (const uint16_t *)w->scale, w->rows, w->cols,
-		n, 128.0f * w->scale2, w->row_scale2);
+	sm70__launch_pdl(c, fp4_gemv_kernel<MT, NI>, dim3((n_tiles + MT - 1) / MT),
+			 dim3(FP4_WARPS * 32), smem, y, y_f32, x, (const uint4 *)w->data,
+			 (const uint16_t *)w->scale, w->rows, w->cols, n, 128.0f * w->scale2,
+			 w->row_scale2);
 }
 
 /* The WMMA kernel: two row tiles a block (half the x re-reads) when that still gives two
@@ -689,9 +693,9 @@ static void fp4_dot_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 			return;
 		attr_set |= bit;
 	}
-	fp4_dot_kernel<NR, T, PF><<<(n_tiles + T - 1) / T, FP4_WARPS * 32, smem, c->stream>>>(
-		y, y_f32, x, (const uint4 *)w->data, (const uint16_t *)w->scale, w->rows, w->cols,
-		w->scale2, w->row_scale2);
+	sm70__launch_pdl(c, fp4_dot_kernel<NR, T, PF>, dim3((n_tiles + T - 1) / T),
+			 dim3(FP4_WARPS * 32), smem, y, y_f32, x, (const uint4 *)w->data,
+			 (const uint16_t *)w->scale, w->rows, w->cols, w->scale2, w->row_scale2);
 }
 
 /* Tile-steps in flight a warp: 8 at one or two rows of x, 4 at three or four (their

@@ -50,6 +50,7 @@
 #include <stdio.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define EX_KS 64           /* columns a step: 128 bytes of each weight row */
 #define EX_LD (EX_KS + 8)  /* staged row stride in halves (rows 16 bytes apart in banks) */
@@ -92,6 +93,7 @@ template <int MODE, int NI, int RT, int KS, int PF>
 static __global__ void __launch_bounds__(RT * KS * 32, EX_MIN_BLOCKS(NI, PF, RT * KS))
 	experts_tc_kernel(const struct ex_args a)
 {
+	sm70__pdl_enter();
 	using namespace nvcuda;
 	extern __shared__ __align__(128) unsigned char ex_smem[];
 	__shared__ int tok[EX_TOK];
@@ -298,8 +300,8 @@ static void ex_launch(struct sm70__cuda *c, const struct ex_args &a, int slots, 
 		gx = (resident + slots - 1) / slots;
 	if (gx > groups)
 		gx = groups;
-	experts_tc_kernel<MODE, NI, RT, KS, PF>
-		<<<dim3(gx, slots), RT * KS * 32, RT * KS * EX_WARP_BYTES, c->stream>>>(a);
+	sm70__launch_pdl(c, experts_tc_kernel<MODE, NI, RT, KS, PF>, dim3(gx, slots),
+			 dim3(RT * KS * 32), (size_t)(RT * KS * EX_WARP_BYTES), a);
 }
 
 template <int MODE, int NI>
@@ -399,6 +401,7 @@ static __global__ void __launch_bounds__(REF_WARPS * 32)
 static __global__ void combine_kernel(__half *__restrict__ out, const float *__restrict__ part,
 				      int n, int k, int hidden)
 {
+	sm70__pdl_enter();
 	const size_t count = (size_t)n * hidden;
 
 	for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < count;
@@ -527,6 +530,7 @@ extern "C" void sm70__cuda_moe_experts(struct sm70_backend *be, void *out, const
 	blocks = (int)(((size_t)n * H + 255) / 256);
 	if (blocks > 4 * c->n_sm)
 		blocks = 4 * c->n_sm;
-	combine_kernel<<<blocks, 256, 0, c->stream>>>((__half *)out, part, n, k, H);
+	sm70__launch_pdl(c, combine_kernel, dim3(blocks), dim3(256), 0, (__half *)out, part, n, k,
+			 H);
 	SM70_CUDA_LAUNCHED(be, "combine_kernel");
 }

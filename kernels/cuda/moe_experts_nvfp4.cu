@@ -68,6 +68,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define FX_KS 64            /* columns a step */
 #define FX_LD (FX_KS + 8)   /* staged row stride in halves: rows 16 bytes apart in banks */
@@ -192,6 +193,7 @@ template <int MODE, int NI, int RT, int KS, int PF>
 static __global__ void __launch_bounds__(FX_WARPS * 32, FX_BLOCKS_SM(PF))
 	fx_grouped_kernel(const struct fx_args a)
 {
+	sm70__pdl_enter();
 	using namespace nvcuda;
 	extern __shared__ __align__(128) unsigned char fx_smem[];
 	__shared__ int tok[FX_TOK];
@@ -354,8 +356,8 @@ static void fx_launch(struct sm70__cuda *c, const struct fx_args &a, int slots, 
 		gx = (resident + slots - 1) / slots;
 	if (gx > groups)
 		gx = groups;
-	fx_grouped_kernel<MODE, NI, RT, KS, PF>
-		<<<dim3(gx, slots), FX_WARPS * 32, FX_WARPS * FX_WARP_BYTES, c->stream>>>(a);
+	sm70__launch_pdl(c, fx_grouped_kernel<MODE, NI, RT, KS, PF>, dim3(gx, slots),
+			 dim3(FX_WARPS * 32), (size_t)(FX_WARPS * FX_WARP_BYTES), a);
 }
 
 /*

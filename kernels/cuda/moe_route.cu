@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define ROUTE_MAX_E 512    /* 16 logits a lane */
 #define ROUTE_MAX_K 32     /* a lane a pick */
@@ -134,6 +135,7 @@ static __global__ void __launch_bounds__(ROUTE_ROW_WARPS * 32)
 	route_rows_kernel(const float *__restrict__ logits, int ld, int n, int E, int k,
 			  int renorm, int32_t *__restrict__ ids, float *__restrict__ w)
 {
+	sm70__pdl_enter();
 	const int t = blockIdx.x * ROUTE_ROW_WARPS + (threadIdx.x >> 5);
 
 	if (t >= n)
@@ -191,6 +193,7 @@ static __global__ void __launch_bounds__(GROUP_THREADS)
 			   int32_t *__restrict__ order, int32_t *__restrict__ used,
 			   int32_t *__restrict__ used_first, int32_t *__restrict__ n_used)
 {
+	sm70__pdl_enter();
 	/* cnt[w][e]: warp w's count of expert e, then where its first one goes */
 	__shared__ int cnt[GROUP_WARPS][ROUTE_MAX_E];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, e = threadIdx.x;
@@ -257,6 +260,7 @@ static __global__ void __launch_bounds__(GROUP_THREADS)
 /* The empty grouping (what the CPU op writes for arguments it does not take). */
 static __global__ void route_empty_kernel(int32_t *used_first, int32_t *n_used)
 {
+	sm70__pdl_enter();
 	used_first[0] = 0;
 	n_used[0] = 0;
 }
@@ -266,17 +270,16 @@ static void route_launch(struct sm70__cuda *c, const struct sm70_moe_route *r,
 			 const float *logits, int ld, int n, int E, int k, int renorm)
 {
 	if (n <= ROUTE_FUSE_MAX) {
-		route_group_kernel<VPL><<<1, GROUP_THREADS, 0, c->stream>>>(
-			logits, ld, n, E, k, renorm, r->ids, r->w, r->order, r->used,
-			r->used_first, r->n_used);
+		sm70__launch_pdl(c, route_group_kernel<VPL>, dim3(1), dim3(GROUP_THREADS), 0,
+				 logits, ld, n, E, k, renorm, r->ids, r->w, r->order, r->used,
+				 r->used_first, r->n_used);
 		return;
 	}
-	route_rows_kernel<VPL><<<(n + ROUTE_ROW_WARPS - 1) / ROUTE_ROW_WARPS,
-				 ROUTE_ROW_WARPS * 32, 0, c->stream>>>(logits, ld, n, E, k, renorm,
-								       r->ids, r->w);
-	route_group_kernel<0><<<1, GROUP_THREADS, 0, c->stream>>>(
-		logits, ld, n, E, k, renorm, r->ids, r->w, r->order, r->used, r->used_first,
-		r->n_used);
+	sm70__launch_pdl(c, route_rows_kernel<VPL>,
+			 dim3((n + ROUTE_ROW_WARPS - 1) / ROUTE_ROW_WARPS),
+			 dim3(ROUTE_ROW_WARPS * 32), 0, logits, ld, n, E, k, renorm, r->ids, r->w);
+	sm70__launch_pdl(c, route_group_kernel<0>, dim3(1), dim3(GROUP_THREADS), 0, logits, ld, n,
+			 E, k, renorm, r->ids, r->w, r->order, r->used, r->used_first, r->n_used);
 }
 
 /* See backend.h. Takes n_experts <= 512 and k <= 32 (other sizes are refused through
@@ -291,7 +294,8 @@ extern "C" void sm70__cuda_moe_route(struct sm70_backend *be, const struct sm70_
 	const int E = n_experts;
 
 	if (n <= 0 || k < 1 || k > E || ld < E) {
-		route_empty_kernel<<<1, 1, 0, c->stream>>>(route->used_first, route->n_used);
+		sm70__launch_pdl(c, route_empty_kernel, dim3(1), dim3(1), 0, route->used_first,
+				 route->n_used);
 		SM70_CUDA_LAUNCHED(be, "route_empty_kernel");
 		return;
 	}

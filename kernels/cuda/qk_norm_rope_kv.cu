@@ -21,6 +21,7 @@
  * Non-goals: rope scaling, interleaved pairs, per-head or per-token KV scales.
  */
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 #define HEADS_PER_BLOCK 4
 
@@ -43,6 +44,7 @@ static __global__ void qk_norm_rope_kv_kernel(__half *qkv, int ld, int n_heads, 
 					      const int32_t *__restrict__ slots, long n_slots,
 					      float k_scale, float v_scale)
 {
+	sm70__pdl_enter();
 	extern __shared__ float tab[]; /* cos [half], then sin [half] */
 	const int half = rot_dim / 2;
 	const int lane = threadIdx.x & 31;
@@ -140,15 +142,17 @@ extern "C" void sm70__cuda_qk_norm_rope_kv(struct sm70_backend *be, void *qkv, i
 		return;
 	}
 	if (lay->dtype == SM70_DTYPE_F16) {
-		qk_norm_rope_kv_kernel<false><<<grid, HEADS_PER_BLOCK * 32, smem, c->stream>>>(
-			(__half *)qkv, ld, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, pos,
-			rot_dim, (float)theta, kv->k, kv->v, slots, n_slots, kv->k_scale,
-			kv->v_scale);
+		sm70__launch_pdl(c, qk_norm_rope_kv_kernel<false>, dim3(grid),
+				 dim3(HEADS_PER_BLOCK * 32), smem, (__half *)qkv, ld, n_heads,
+				 n_kv_heads, head_dim, q_norm, k_norm, eps, pos, rot_dim,
+				 (float)theta, kv->k, kv->v, slots, n_slots, kv->k_scale,
+				 kv->v_scale);
 	} else if (lay->dtype == SM70_DTYPE_F8E4M3) {
-		qk_norm_rope_kv_kernel<true><<<grid, HEADS_PER_BLOCK * 32, smem, c->stream>>>(
-			(__half *)qkv, ld, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, pos,
-			rot_dim, (float)theta, kv->k, kv->v, slots, n_slots, kv->k_scale,
-			kv->v_scale);
+		sm70__launch_pdl(c, qk_norm_rope_kv_kernel<true>, dim3(grid),
+				 dim3(HEADS_PER_BLOCK * 32), smem, (__half *)qkv, ld, n_heads,
+				 n_kv_heads, head_dim, q_norm, k_norm, eps, pos, rot_dim,
+				 (float)theta, kv->k, kv->v, slots, n_slots, kv->k_scale,
+				 kv->v_scale);
 	} else {
 		sm70__cuda_fail(be, "qk_norm_rope_kv", __FILE__, __LINE__,
 				"unsupported KV dtype");

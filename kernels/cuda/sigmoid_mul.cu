@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 static __device__ __forceinline__ float sm_gate(float x, float g)
 {
@@ -22,6 +23,7 @@ template <int V>
 static __global__ void sigmoid_mul_kernel(__half *__restrict__ x, const __half *__restrict__ gate,
 					  int ld, int dim)
 {
+	sm70__pdl_enter();
 	__half *xr = x + (size_t)blockIdx.y * dim;
 	const __half *gr = gate + (size_t)blockIdx.y * ld;
 
@@ -72,13 +74,13 @@ extern "C" void sm70__cuda_sigmoid_mul(struct sm70_backend *be, void *x, const v
 	if (bx > 64)
 		bx = 64;
 	if (v == 8)
-		sigmoid_mul_kernel<8><<<dim3(bx, n), threads, 0, c->stream>>>(
-			(__half *)x, (const __half *)gate, ld, dim);
+		sm70__launch_pdl(c, sigmoid_mul_kernel<8>, dim3(bx, n), dim3(threads), 0,
+				 (__half *)x, (const __half *)gate, ld, dim);
 	else if (v == 2)
-		sigmoid_mul_kernel<2><<<dim3(bx, n), threads, 0, c->stream>>>(
-			(__half *)x, (const __half *)gate, ld, dim);
+		sm70__launch_pdl(c, sigmoid_mul_kernel<2>, dim3(bx, n), dim3(threads), 0,
+				 (__half *)x, (const __half *)gate, ld, dim);
 	else
-		sigmoid_mul_kernel<1><<<dim3(bx, n), threads, 0, c->stream>>>(
-			(__half *)x, (const __half *)gate, ld, dim);
+		sm70__launch_pdl(c, sigmoid_mul_kernel<1>, dim3(bx, n), dim3(threads), 0,
+				 (__half *)x, (const __half *)gate, ld, dim);
 	SM70_CUDA_LAUNCHED(be, "sigmoid_mul_kernel");
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 static __device__ __forceinline__ float ssa_one(float o, float s, float x)
 {
@@ -25,6 +26,7 @@ static __global__ void sigmoid_scale_add_kernel(__half *__restrict__ out,
 						const __half *__restrict__ x,
 						const float *__restrict__ gate, int ld, int dim)
 {
+	sm70__pdl_enter();
 	const float s = 1.0f / (1.0f + expf(-gate[(size_t)blockIdx.y * ld]));
 	__half *o = out + (size_t)blockIdx.y * dim;
 	const __half *xr = x + (size_t)blockIdx.y * dim;
@@ -62,10 +64,10 @@ extern "C" void sm70__cuda_sigmoid_scale_add(struct sm70_backend *be, void *out,
 	if (bx > 64)
 		bx = 64;
 	if (v == 2)
-		sigmoid_scale_add_kernel<2><<<dim3(bx, n), threads, 0, c->stream>>>(
-			(__half *)out, (const __half *)x, gate, ld, dim);
+		sm70__launch_pdl(c, sigmoid_scale_add_kernel<2>, dim3(bx, n), dim3(threads), 0,
+				 (__half *)out, (const __half *)x, gate, ld, dim);
 	else
-		sigmoid_scale_add_kernel<1><<<dim3(bx, n), threads, 0, c->stream>>>(
-			(__half *)out, (const __half *)x, gate, ld, dim);
+		sm70__launch_pdl(c, sigmoid_scale_add_kernel<1>, dim3(bx, n), dim3(threads), 0,
+				 (__half *)out, (const __half *)x, gate, ld, dim);
 	SM70_CUDA_LAUNCHED(be, "sigmoid_scale_add_kernel");
 }

@@ -5,10 +5,12 @@
  * Non-goals: other activations; fusing into the down projection.
  */
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.h"
 
 static __global__ void silu_mul_kernel(__half *__restrict__ out,
 				       const __half *__restrict__ gate_up, int inter)
 {
+	sm70__pdl_enter();
 	const __half *g = gate_up + (size_t)blockIdx.y * 2 * inter;
 	const __half *u = g + inter;
 	__half *o = out + (size_t)blockIdx.y * inter;
@@ -33,7 +35,7 @@ extern "C" void sm70__cuda_silu_mul(struct sm70_backend *be, void *out, const vo
 		return;
 	if (bx > 64)
 		bx = 64;
-	silu_mul_kernel<<<dim3(bx, n), threads, 0, c->stream>>>((__half *)out,
-							       (const __half *)gate_up, inter);
+	sm70__launch_pdl(c, silu_mul_kernel, dim3(bx, n), dim3(threads), 0, (__half *)out,
+			 (const __half *)gate_up, inter);
 	SM70_CUDA_LAUNCHED(be, "silu_mul_kernel");
 }

@@ -124,9 +124,11 @@ static void test_embed(void **state)
 
 static void test_add_rmsnorm(void **state)
 {
-	const int dims[] = { 64, 130, 4096 }, ns[] = { 1, 3, 16, 17, 33 };
+	/* 64, 4096, 5120: the vector kernel with 1, 4 and 5 chunks a thread (8192: its
+	 * widest); 130 and 8196: the plain one */
+	const int dims[] = { 64, 130, 4096, 5120, 8192, 8196 }, ns[] = { 1, 3, 16, 17, 33 };
 
-	for (int di = 0; di < 3; di++) {
+	for (int di = 0; di < 6; di++) {
 		for (int ni = 0; ni < 5; ni++) {
 			for (int mode = 0; mode < 3; mode++) { /* 0 no delta, 1 delta, 2 y==delta */
 				int dim = dims[di], n = ns[ni];
