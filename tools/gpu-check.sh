@@ -55,7 +55,7 @@ if [ -x "$B/tests/test_fixtures" ]; then
 	run_one fixtures-cuda-eager env SM70_BACKEND=cuda SM70_GRAPHS=0 "$B/tests/test_fixtures"
 	run_one kv-fp8-cuda env SM70_BACKEND=cuda "$B/tests/test_kv_fp8"
 	run_one fixtures-cuda-reference env SM70_BACKEND=cuda SM70_GRAPHS=0 SM70_MATMUL=reference \
-		SM70_ATTENTION=reference SM70_SAMPLER=reference SM70_FUSED=0 SM70_GDN=reference SM70_MOE=reference SM70_PDL=0 \
+		SM70_ATTENTION=reference SM70_SAMPLER=reference SM70_FUSED=0 SM70_GDN=reference SM70_MOE=reference SM70_PDL=0 SM70_GEMV_SPLIT=0 \
 		"$B/tests/test_fixtures"
 fi
 if [ -x "$B/tests/test_tp" ]; then

@@ -203,6 +203,10 @@ static void cuda_release(struct sm70__cuda *c)
 	}
 	if (c->sample_scratch)
 		SM70_CUDA_CHECK(be, cudaFree(c->sample_scratch));
+	if (c->gemv_part)
+		SM70_CUDA_CHECK(be, cudaFree(c->gemv_part));
+	if (c->gemv_count)
+		SM70_CUDA_CHECK(be, cudaFree(c->gemv_count));
 	if (c->attn_part)
 		SM70_CUDA_CHECK(be, cudaFree(c->attn_part));
 	if (c->blas)
@@ -436,6 +440,22 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 		if (c->sample_scratch)
 			cudaFree(c->sample_scratch);
 		c->sample_scratch = NULL;
+	}
+
+	/* without them every GEMV runs unsplit (slower on some shapes); SM70_GEMV_SPLIT=0
+	 * asks for that, the path back */
+	if (getenv("SM70_GEMV_SPLIT") && strcmp(getenv("SM70_GEMV_SPLIT"), "0") == 0)
+		fprintf(stderr, "sm70 cuda: SM70_GEMV_SPLIT=0: GEMVs never split their columns\n");
+	else if (cudaMalloc(&c->gemv_part, SM70__CUDA_GEMV_PART_BYTES) != cudaSuccess ||
+	    cudaMalloc(&c->gemv_count, SM70__CUDA_GEMV_TILES * sizeof(int32_t)) != cudaSuccess ||
+	    cudaMemset(c->gemv_count, 0, SM70__CUDA_GEMV_TILES * sizeof(int32_t)) != cudaSuccess) {
+		cudaGetLastError();
+		if (c->gemv_part)
+			cudaFree(c->gemv_part);
+		if (c->gemv_count)
+			cudaFree(c->gemv_count);
+		c->gemv_part = NULL;
+		c->gemv_count = NULL;
 	}
 
 	c->be.ops = &cuda_ops;

@@ -37,6 +37,12 @@ extern "C" {
  * create, and each call leaves its barrier counters at zero again. */
 #define SM70__CUDA_SAMPLE_SCRATCH_BYTES (8u << 20)
 
+/* Column-split GEMV partials and their per-tile arrival counters (matmul.cu); the counters
+ * are zeroed once at create and every call leaves them at zero. A launch that would need
+ * more than this does not split. */
+#define SM70__CUDA_GEMV_PART_BYTES (8u << 20)
+#define SM70__CUDA_GEMV_TILES 65536
+
 /* cuBLAS workspace, fixed so captured graphs never make cuBLAS allocate */
 #define SM70__CUDA_BLAS_WS_BYTES (32u << 20)
 
@@ -71,6 +77,9 @@ struct sm70__cuda {
 	float *attn_part;         /* split-KV partials, SM70__CUDA_ATTN_PART_BYTES */
 	void *sample_scratch;     /* SM70__CUDA_SAMPLE_SCRATCH_BYTES, zeroed; NULL: reference */
 	int sample_ref;           /* SM70_SAMPLER=reference */
+	float *gemv_part;         /* SM70__CUDA_GEMV_PART_BYTES; NULL (or SM70_GEMV_SPLIT=0):
+				   * GEMVs never split their columns */
+	int32_t *gemv_count;      /* SM70__CUDA_GEMV_TILES counters, zero between calls */
 	unsigned pdl;             /* SM70__PDL_* kinds whose launches may overlap (pdl.h) */
 	void *stage[SM70__CUDA_STAGE_SLOTS];
 	cudaEvent_t stage_done[SM70__CUDA_STAGE_SLOTS];

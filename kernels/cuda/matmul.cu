@@ -268,15 +268,18 @@ template <int MT, int NI, int WARPS, int PF, bool SILU>
 static __global__ void __launch_bounds__(WARPS * 32,
 					 MT == 1 ? (SILU && NI >= 4 ? 1 : 2) : NI >= 3 ? 1 : 2)
 	gemv_tc_kernel(void *__restrict__ y, int y_f32, const __half *__restrict__ x,
-		       const __half *__restrict__ w, int rows, int cols, int n)
+		       const __half *__restrict__ w, int rows, int cols, int n,
+		       float *__restrict__ part, int32_t *__restrict__ count)
 {
 	using namespace nvcuda;
 	extern __shared__ __align__(128) unsigned char tc_smem[];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int sub = lane >> 3, chunk = lane & 7;
 	const int r0 = blockIdx.x * 16 * MT;
-	const int nsteps = (cols + TC_KS - 1) / TC_KS;
-	const int s0 = warp * nsteps / WARPS, s1 = (warp + 1) * nsteps / WARPS;
+	/* split (gridDim.y) > 1: this block takes split blockIdx.y of the column steps */
+	const int split = (int)gridDim.y, nsteps = (cols + TC_KS - 1) / TC_KS;
+	const int q0 = (int)blockIdx.y * nsteps / split, q1 = ((int)blockIdx.y + 1) * nsteps / split;
+	const int s0 = q0 + warp * (q1 - q0) / WARPS, s1 = q0 + (warp + 1) * (q1 - q0) / WARPS;
 	const size_t ldx = SILU ? 2 * (size_t)cols : (size_t)cols; /* x row stride */
 	__half *ws = (__half *)(tc_smem + warp * tc_warp<MT>::bytes);
 	__half *xs = ws + 16 * MT * TC_LD;
@@ -388,6 +391,48 @@ static __global__ void __launch_bounds__(WARPS * 32,
 			wmma::store_matrix_sync(red + m * 256, acc[m], 16, wmma::mem_row_major);
 	}
 	__syncthreads();
+	if (split > 1) {
+		/* Split columns: the block's sums go to its slot of part; the last of the
+		 * tile's blocks to arrive adds the slots in split order (the same sums
+		 * whatever the order of arrival) and leaves the counter at zero again. */
+		__shared__ int last;
+		float *mine = part + ((size_t)blockIdx.x * split + blockIdx.y) * (256 * MT);
+
+		for (int idx = threadIdx.x; idx < n * 16 * MT; idx += WARPS * 32) {
+			const int j = idx / (16 * MT), rr = idx - j * (16 * MT);
+			float sum = 0.0f;
+
+#pragma unroll
+			for (int v = 0; v < WARPS; v++)
+				sum += ((const float *)(tc_smem + v * tc_warp<MT>::bytes))[rr * 16 + j];
+			mine[idx] = sum;
+		}
+		__threadfence();
+		__syncthreads();
+		if (threadIdx.x == 0)
+			last = atomicAdd(&count[blockIdx.x], 1) == split - 1;
+		__syncthreads();
+		if (!last)
+			return;
+		__threadfence();
+		for (int idx = threadIdx.x; idx < n * 16 * MT; idx += WARPS * 32) {
+			const int j = idx / (16 * MT), rr = idx - j * (16 * MT);
+			float sum = 0.0f;
+
+			for (int z = 0; z < split; z++)
+				sum += __ldcg(part + ((size_t)blockIdx.x * split + z) * (256 * MT) +
+					      idx);
+			if (r0 + rr >= rows)
+				continue;
+			if (y_f32)
+				((float *)y)[(size_t)j * rows + r0 + rr] = sum;
+			else
+				((__half *)y)[(size_t)j * rows + r0 + rr] = __float2half_rn(sum);
+		}
+		if (threadIdx.x == 0)
+			count[blockIdx.x] = 0;
+		return;
+	}
 	for (int idx = threadIdx.x; idx < n * 16 * MT; idx += WARPS * 32) {
 		const int j = idx / (16 * MT), rr = idx - j * (16 * MT);
 		float sum = 0.0f;
@@ -402,6 +447,46 @@ static __global__ void __launch_bounds__(WARPS * 32,
 		else
 			((__half *)y)[(size_t)j * rows + r0 + rr] = __float2half_rn(sum);
 	}
+}
+
+/*
+ * How many column splits a launch of `tiles` row tiles should use (1: none). A grid a
+ * little over a whole number of waves of resident blocks leaves most SMs idle for the
+ * last one: Qwen3.5-27B's 5120-row projections make 320 tiles for 264 slots, and ran at
+ * 66% of bandwidth against 85-90% for matrices that fill their waves (ncu, docs/
+ * PERFORMANCE.md, "Where a step goes"). Splitting the columns S ways multiplies the
+ * blocks; S is the smallest that brings the last wave within 5% of full (or the best up to
+ * 8), keeping every warp at least eight 64-column steps: with fewer, the pipeline's ramp
+ * and the partials cost more than the wave saves (measured: the 27B down projection,
+ * 17408 columns, 58 -> 52 us at S = 4; its 6144- and 5120-column matrices lost 15-30% at
+ * S = 2-4). The partials need the backend's scratch and counters, which a side stream may
+ * not share (only the main stream splits).
+ */
+static int gemv_split(const struct sm70__cuda *c, int tiles, int slots, int nsteps, int warps,
+		      int mt, int silu)
+{
+	double best_waste = 1e9;
+	int best = 1;
+
+	if (silu || !c->gemv_part || c->stream != c->main || tiles > SM70__CUDA_GEMV_TILES ||
+	    slots <= 0)
+		return 1;
+	for (int sp = 1; sp <= 8; sp++) {
+		const double waves = (double)tiles * sp / slots;
+		const double waste = (double)(long)(waves + 0.999999) / waves;
+
+		if (sp > 1 && (nsteps / sp < 8 * warps ||
+			       (size_t)tiles * sp * 256 * mt * sizeof(float) >
+				       SM70__CUDA_GEMV_PART_BYTES))
+			break;
+		if (waste < best_waste - 0.02) {
+			best_waste = waste;
+			best = sp;
+		}
+		if (best_waste < 1.05)
+			break;
+	}
+	return best;
 }
 
 template <int MT, int NI, bool SILU>
@@ -423,9 +508,23 @@ static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 			return;
 		attr_set |= bit;
 	}
-	sm70__launch_pdl_prefetch(c, gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
-			 dim3((unsigned)((rows + 16 * MT - 1) / (16 * MT))), dim3(WARPS * 32), smem,
-			 y, y_f32, x, w, rows, cols, n);
+	{
+		static int resident[64]; /* blocks an SM holds, per device (0: not asked yet) */
+		const int tiles = (rows + 16 * MT - 1) / (16 * MT);
+		int *res = &resident[c->device & 63], sp;
+
+		if (!*res &&
+		    SM70_CUDA_CHECK(&c->be, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+						    res, gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
+						    WARPS * 32, smem)))
+			return;
+		sp = gemv_split(c, tiles, *res * c->n_sm, (cols + TC_KS - 1) / TC_KS, WARPS, MT,
+				SILU);
+		sm70__launch_pdl_prefetch(c, gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
+					  dim3((unsigned)tiles, (unsigned)sp), dim3(WARPS * 32),
+					  smem, y, y_f32, x, w, rows, cols, n, c->gemv_part,
+					  c->gemv_count);
+	}
 }
 
 /* Two 16-row tiles a warp (half the x re-reads) when that still gives four blocks an SM;
