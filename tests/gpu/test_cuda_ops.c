@@ -256,10 +256,11 @@ static void test_matmul(void **state)
 
 	/* the tensor-core skinny path: every x row group, a partial last 64-column step
 	 * (520) and a partial last row tile (33), and bands wide enough for two tiles a
-	 * warp (the 20000-row case); and grids a little over one wave of blocks, which split
-	 * their columns (5000 rows: a partial last tile; 6200 columns: a partial last step) */
+	 * warp (the 20000-row case); and long rows in grids a little over one wave of
+	 * blocks, which split their columns on an H200 (5000 x 8192: two ways, a partial
+	 * last tile; 5120 x 16400: four ways, a partial last step) */
 	const int tc_shapes[][2] = { { 512, 4096 }, { 4096, 1024 }, { 33, 520 },
-				     { 20000, 256 }, { 5000, 4096 }, { 5120, 6200 } };
+				     { 20000, 256 }, { 5000, 8192 }, { 5120, 16400 } };
 	const int tc_ns[] = { 2, 4, 5, 12, 16 };
 
 	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
