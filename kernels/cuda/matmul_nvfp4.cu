@@ -400,7 +400,6 @@ static __global__ void __launch_bounds__(FP4_WARPS * 32, 2)
 		       const uint4 *__restrict__ codes, const uint16_t *__restrict__ scales,
 		       int rows, int cols, float scale2, const float *__restrict__ row_scale2)
 {
-	sm70__pdl_enter();
 	extern __shared__ __align__(16) float fp4_dot_smem_f[];
 	float *tab = fp4_dot_smem_f, *red = tab + 256, *xs = red + FP4_WARPS * T * NR * 16;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = lane & 1;
@@ -444,6 +443,8 @@ static __global__ void __launch_bounds__(FP4_WARPS * 32, 2)
 			FP4_DOT_ISSUE(d, s0 + d);
 	for (int b = threadIdx.x; b < 256; b += FP4_WARPS * 32)
 		tab[b] = fp4_e4m3((uint32_t)b) * 16384.0f;
+	/* codes and scales are weights (pdl.h): x waits for the op ahead */
+	sm70__pdl_enter();
 	/* x row i, columns 8c .. 8c + 7 (zeros past cols: the padded columns' codes are zero
 	 * codes, and zero x keeps them out of the sums even against an infinite x) */
 	for (int e = threadIdx.x; e < NR * nsteps * 8; e += FP4_WARPS * 32) {
@@ -693,7 +694,7 @@ static void fp4_dot_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 			return;
 		attr_set |= bit;
 	}
-	sm70__launch_pdl(c, fp4_dot_kernel<NR, T, PF>, dim3((n_tiles + T - 1) / T),
+	sm70__launch_pdl_prefetch(c, fp4_dot_kernel<NR, T, PF>, dim3((n_tiles + T - 1) / T),
 			 dim3(FP4_WARPS * 32), smem, y, y_f32, x, (const uint4 *)w->data,
 			 (const uint16_t *)w->scale, w->rows, w->cols, w->scale2, w->row_scale2);
 }
