@@ -122,6 +122,8 @@ static const struct key fast_keys[] = {
 	CHOICE("fused", fast_paths.fused, fast_ref),
 	CHOICE("allreduce", fast_paths.allreduce, fast_ref),
 	CHOICE("gdn", fast_paths.gdn, fast_ref),
+	CHOICE("overlap", fast_paths.overlap, fast_ref),
+	CHOICE("gemv_split", fast_paths.gemv_split, fast_ref),
 	END,
 };
 

@@ -135,6 +135,8 @@ struct sm70__config {
 		/* "reference": DeltaNet prefill by the token-by-token recurrence instead of
 		 * the chunked form (an engine option, not an environment variable) */
 		char gdn[SM70__CFG_WORD];
+		char overlap[SM70__CFG_WORD];    /* SM70_PDL: overlapped launches or none */
+		char gemv_split[SM70__CFG_WORD]; /* SM70_GEMV_SPLIT: column-split GEMVs or none */
 	} fast_paths;
 
 	struct {

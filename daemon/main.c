@@ -320,6 +320,11 @@ static void export_fast_paths(const struct sm70__config *c)
 	if (c->fast_paths.allreduce[0])
 		setenv("SM70_ALLREDUCE",
 		       strcmp(c->fast_paths.allreduce, "reference") ? "auto" : "nccl", 1);
+	if (c->fast_paths.overlap[0])
+		setenv("SM70_PDL", strcmp(c->fast_paths.overlap, "reference") ? "prefetch" : "0", 1);
+	if (c->fast_paths.gemv_split[0])
+		setenv("SM70_GEMV_SPLIT", strcmp(c->fast_paths.gemv_split, "reference") ? "1" : "0",
+		       1);
 }
 
 /* Bytes of the *.safetensors files in dir: what the weights will take, near enough. */

@@ -103,7 +103,8 @@ static void test_every_key(void **state)
 		" \"engine\": {\"max_seqs\": 4, \"max_batch_tokens\": 64, \"block_size\": 32,"
 		"   \"kv_memory_fraction\": 0.5, \"kv_dtype\": \"fp8\", \"prefix_cache\": false,"
 		"   \"n_threads\": 3, \"feed_depth\": 1},"
-		" \"fast_paths\": {\"matmul\": \"reference\", \"attention\": \"fast\"},"
+		" \"fast_paths\": {\"matmul\": \"reference\", \"attention\": \"fast\","
+		" \"overlap\": \"reference\", \"gemv_split\": \"fast\"},"
 		" \"rings\": {\"sq_entries\": 16, \"eq_entries\": 32, \"arena_tokens\": 2048,"
 		"   \"start_index\": 4294967040},"
 		" \"drain_grace_ms\": 100, \"slow_consumer_ms\": 200,"
@@ -147,6 +148,8 @@ static void test_every_key(void **state)
 	assert_int_equal(c.engine.n_threads, 3);
 	assert_string_equal(c.fast_paths.matmul, "reference");
 	assert_string_equal(c.fast_paths.attention, "fast");
+	assert_string_equal(c.fast_paths.overlap, "reference");
+	assert_string_equal(c.fast_paths.gemv_split, "fast");
 	assert_int_equal(c.rings.start_index, 4294967040u);
 	assert_int_equal(c.drain_grace_ms, 100);
 	assert_int_equal(c.hello_timeout_ms, 400);
