@@ -433,6 +433,16 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	c->attn_ref = wants_reference("SM70_ATTENTION");
 	c->sample_ref = wants_reference("SM70_SAMPLER");
 	c->pdl = prop.major >= 9 ? want_pdl() : 0;
+	c->gemv_warps = 8;
+	if (getenv("SM70_GEMV_WARPS")) {
+		const char *v = getenv("SM70_GEMV_WARPS");
+
+		c->gemv_warps = strcmp(v, "4") == 0 ? 4 : strcmp(v, "auto") == 0 ? -1 : 8;
+		fprintf(stderr, "sm70 cuda: SM70_GEMV_WARPS=%s: %s\n", v,
+			c->gemv_warps == 4    ? "4-warp GEMV blocks" :
+			c->gemv_warps == -1 ? "4-warp GEMV blocks where they fit one wave" :
+					      "8-warp GEMV blocks (4 and auto are the others)");
+	}
 	/* without its scratch the sample op runs its reference kernel */
 	if (cudaMalloc(&c->sample_scratch, SM70__CUDA_SAMPLE_SCRATCH_BYTES) != cudaSuccess ||
 	    cudaMemset(c->sample_scratch, 0, SM70__CUDA_SAMPLE_SCRATCH_BYTES) != cudaSuccess) {

@@ -266,7 +266,8 @@ static __device__ __forceinline__ uint4 silu_mul8(uint4 g, uint4 u)
  */
 template <int MT, int NI, int WARPS, int PF, bool SILU>
 static __global__ void __launch_bounds__(WARPS * 32,
-					 MT == 1 ? (SILU && NI >= 4 ? 1 : 2) : NI >= 3 ? 1 : 2)
+					 (MT == 1 ? (SILU && NI >= 4 ? 1 : 2) : NI >= 3 ? 1 : 2) *
+						 8 / WARPS)
 	gemv_tc_kernel(void *__restrict__ y, int y_f32, const __half *__restrict__ x,
 		       const __half *__restrict__ w, int rows, int cols, int n,
 		       float *__restrict__ part, int32_t *__restrict__ count)
@@ -473,7 +474,8 @@ static int gemv_split(const struct sm70__cuda *c, int tiles, int slots, int nste
 		return 1;
 	for (int sp = 1; sp <= 8; sp++) {
 		const double waves = (double)tiles * sp / slots;
-		const double waste = (double)(long)(waves + 0.999999) / waves;
+		/* under one wave every block is resident from the start: no tail */
+		const double waste = waves <= 1.0 ? 1.0 : (double)(long)(waves + 0.999999) / waves;
 
 		if (sp > 1 && (nsteps / sp < 8 * warps ||
 			       (size_t)tiles * sp * 256 * mt * sizeof(float) >
@@ -489,13 +491,13 @@ static int gemv_split(const struct sm70__cuda *c, int tiles, int slots, int nste
 	return best;
 }
 
-template <int MT, int NI, bool SILU>
+template <int MT, int NI, bool SILU, int WARPS>
 static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
 			   const __half *w, int rows, int cols, int n)
 {
 	/* Three steps ahead when registers allow: a 4096-row matrix gives an SM only two
 	 * blocks, so each warp must keep more bytes in flight. (SILU at NI = 2 would spill.) */
-	constexpr int WARPS = 8, PF = MT == 1 && NI <= (SILU ? 1 : 2) ? 3 : 2;
+	constexpr int PF = MT == 1 && NI <= (SILU ? 1 : 2) ? 3 : 2;
 	static uint64_t attr_set; /* a bit per device: the attribute is per device */
 	const size_t smem = WARPS * tc_warp<MT>::bytes;
 	const uint64_t bit = 1ull << (c->device & 63);
@@ -527,6 +529,20 @@ static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 	}
 }
 
+/* Warps per block: 8, or with SM70_GEMV_WARPS=4 (every plain GEMV) or =auto (those whose
+ * row tiles fit in one wave of 4-warp blocks but not of 8-warp ones: the 5120-row
+ * matrices of Qwen3.5-27B) blocks of 4 warps, twice as many resident. An experiment
+ * for the next measurement (docs/PERFORMANCE.md, "Where a step goes"); the default is
+ * the measured 8. */
+static int gemv_warps(const struct sm70__cuda *c, int tiles)
+{
+	if (c->gemv_warps == 4)
+		return 4;
+	if (c->gemv_warps == -1) /* auto: the one-wave rule, at two and four blocks an SM */
+		return tiles > 2 * c->n_sm && tiles <= 4 * c->n_sm ? 4 : 8;
+	return 8;
+}
+
 /* Two 16-row tiles a warp (half the x re-reads) when that still gives four blocks an SM;
  * one otherwise, so that 4096-row matrices fill the GPU. SILU: one always (see above). */
 template <bool SILU>
@@ -534,17 +550,26 @@ static void gemv_tc_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __h
 			     const __half *w, int rows, int cols, int n)
 {
 	const int mt2 = (rows + 31) / 32 >= 4 * c->n_sm;
+	const int four = !SILU && gemv_warps(c, mt2 ? (rows + 31) / 32 : (rows + 15) / 16) == 4;
 
+#define GEMV_TC(MT, NI)                                                                  \
+	do {                                                                             \
+		if (four)                                                                \
+			gemv_tc_launch<MT, NI, SILU, 4>(c, y, y_f32, x, w, rows, cols, n); \
+		else                                                                     \
+			gemv_tc_launch<MT, NI, SILU, 8>(c, y, y_f32, x, w, rows, cols, n); \
+	} while (0)
 	switch ((n + 3) / 4 + (mt2 ? 4 : 0)) {
-	case 1: gemv_tc_launch<1, 1, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 2: gemv_tc_launch<1, 2, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 3: gemv_tc_launch<1, 3, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 4: gemv_tc_launch<1, 4, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 5: gemv_tc_launch<SILU ? 1 : 2, 1, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 6: gemv_tc_launch<SILU ? 1 : 2, 2, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 7: gemv_tc_launch<SILU ? 1 : 2, 3, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
-	case 8: gemv_tc_launch<SILU ? 1 : 2, 4, SILU>(c, y, y_f32, x, w, rows, cols, n); break;
+	case 1: GEMV_TC(1, 1); break;
+	case 2: GEMV_TC(1, 2); break;
+	case 3: GEMV_TC(1, 3); break;
+	case 4: GEMV_TC(1, 4); break;
+	case 5: GEMV_TC(SILU ? 1 : 2, 1); break;
+	case 6: GEMV_TC(SILU ? 1 : 2, 2); break;
+	case 7: GEMV_TC(SILU ? 1 : 2, 3); break;
+	case 8: GEMV_TC(SILU ? 1 : 2, 4); break;
 	}
+#undef GEMV_TC
 }
 
 /* See silu_matmul.cu, which declares it: y [n, rows] f16 = x W^T with x = silu(g) * u of
