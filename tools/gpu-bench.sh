@@ -1,0 +1,58 @@
+#!/bin/sh
+# gpu-bench.sh - the standard GPU measurement of one build, in one run: the read bandwidth,
+# the kernel benches, and end-to-end decode on the bench shapes (tools/bench/*) with
+# dummy weights, each beside the paths back (SM70_PDL=0 SM70_GEMV_SPLIT=0) and beside any
+# variant given, one process per setting. Every figure is printed with the bandwidth
+# measured in the same run; logs go to $OUT (or ./gpu-bench-out).
+#
+#   BUILD_DIR=/tmp/b tools/gpu-bench.sh [--quick] [--variant 'VAR=VALUE ...']...
+#
+# --quick: B1 and B16 at 1K only, and no kernel benches (about two minutes).
+# Run from the repository root on the GPU machine (tools/gpu-pack.sh makes BUILD_DIR).
+set -u
+B=${BUILD_DIR:-build}
+O=${OUT:-gpu-bench-out}
+quick=0
+variants="-
+SM70_PDL=0 SM70_GEMV_SPLIT=0"
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--quick) quick=1 ;;
+	--variant) shift; variants="$variants
+$1" ;;
+	*) echo "usage: $0 [--quick] [--variant 'VAR=VALUE ...']..." >&2; exit 2 ;;
+	esac
+	shift
+done
+mkdir -p "$O"
+"$B/bin/sm70-bench" bw > "$O/bw.log" 2>&1
+BW=$(awk '/read kernel/ {for (i = 1; i <= NF; i++) if ($i ~ /GB\/s/) {print $(i - 1); exit}}' "$O/bw.log")
+echo "read bandwidth: $BW GB/s"
+
+# one bench on every setting ("-": the default): NAME COMMAND...
+each() {
+	name=$1; shift
+	echo "== $name"
+	echo "$variants" | while read -r v; do
+		[ "$v" = "-" ] && label=default || label=$v
+		log="$O/$name.$(echo "$label" | tr ' =' '_-').log"
+		# shellcheck disable=SC2046
+		env $([ "$v" = "-" ] || echo "$v") "$@" > "$log" 2>&1
+		echo "-- $label (rc $?)"
+		grep -E '^ +[0-9]+ +[0-9]+ ' "$log"
+	done
+}
+D="$B/bin/sm70-bench decode --load-format dummy --bw-gbs $BW"
+if [ $quick -eq 1 ]; then
+	each qwen3-8b timeout 90 $D -m tools/bench/qwen3-8b --batch 1,16 --ctx 1024 --steps 64 --kv-gib 8
+	each qwen3.5-27b timeout 120 $D -m tools/bench/qwen3.5-27b --batch 1,16 --ctx 1024 --steps 32 --kv-gib 8
+	exit 0
+fi
+for k in gemv gdn moe nvfp4; do
+	timeout 90 "$B/bin/sm70-bench" "$k" --iters 20 > "$O/$k.log" 2>&1
+	echo "== sm70-bench $k (rc $?): $O/$k.log"
+done
+each qwen3-8b timeout 120 $D -m tools/bench/qwen3-8b --batch 1,8,16 --ctx 1024,16384 --steps 64 --kv-gib 40
+each qwen3.5-27b timeout 150 $D -m tools/bench/qwen3.5-27b --batch 1,8,16 --ctx 1024,16384 --steps 32 --kv-gib 24
+each qwen3-30b-a3b timeout 120 $D -m tools/bench/qwen3-30b-a3b --batch 1,8,16 --ctx 1024 --steps 32 --kv-gib 8
+each qwen3-8b-nvfp4 timeout 90 $D -m tools/bench/qwen3-8b-nvfp4 --batch 1,16 --ctx 1024 --steps 64 --kv-gib 8
