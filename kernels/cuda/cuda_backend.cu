@@ -294,8 +294,9 @@ static int wants_reference(const char *name)
 }
 
 /* Which launches may overlap (pdl.h): by default the kernels that load before their
- * wait; SM70_PDL=0 none ("fully ordered"), =plain the others only, =all both. Measured
- * (docs/PERFORMANCE.md, "Overlapped launches"): the plain kind costs 4% at B16. */
+ * wait; SM70_PDL=0 none ("fully ordered"), =plain the others only, =experts the default
+ * and the MoE down pass, =all every kind. Measured (docs/PERFORMANCE.md, "Overlapped
+ * launches"): the plain kind costs 4% at B16; the down pass is not measured yet. */
 static unsigned want_pdl(void)
 {
 	const char *v = getenv("SM70_PDL");
@@ -307,10 +308,13 @@ static unsigned want_pdl(void)
 		kinds = 0;
 	else if (strcmp(v, "plain") == 0)
 		kinds = SM70__PDL_PLAIN;
+	else if (strcmp(v, "experts") == 0)
+		kinds = SM70__PDL_PREFETCH | SM70__PDL_EXPERTS;
 	else if (strcmp(v, "all") == 0)
-		kinds = SM70__PDL_PLAIN | SM70__PDL_PREFETCH;
+		kinds = SM70__PDL_PLAIN | SM70__PDL_PREFETCH | SM70__PDL_EXPERTS;
 	else
-		fprintf(stderr, "sm70 cuda: SM70_PDL=%s not known (0, prefetch, plain, all)\n", v);
+		fprintf(stderr, "sm70 cuda: SM70_PDL=%s not known (0, prefetch, plain, experts, all)\n",
+			v);
 	fprintf(stderr, "sm70 cuda: SM70_PDL=%s: %s\n", v,
 		kinds ? "overlapped launches for those kernels" : "every launch fully ordered");
 	return kinds;

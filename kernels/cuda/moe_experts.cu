@@ -93,7 +93,6 @@ template <int MODE, int NI, int RT, int KS, int PF>
 static __global__ void __launch_bounds__(RT * KS * 32, EX_MIN_BLOCKS(NI, PF, RT * KS))
 	experts_tc_kernel(const struct ex_args a)
 {
-	sm70__pdl_enter();
 	using namespace nvcuda;
 	extern __shared__ __align__(128) unsigned char ex_smem[];
 	__shared__ int tok[EX_TOK];
@@ -113,6 +112,12 @@ static __global__ void __launch_bounds__(RT * KS * 32, EX_MIN_BLOCKS(NI, PF, RT 
 	const int nu = a.n_used[0], e = a.used[u], first = a.used_first[u];
 	const int count = a.used_first[u + 1] - first;
 
+	/* The routing was written by the route op. For gate_up it is the kernel just ahead,
+	 * so the block waits first; the down pass runs after gate_up, when the route has
+	 * finished (pdl.h: nothing older than the kernel ahead still runs), so it reads the
+	 * routing and starts its first weight steps before waiting for gate_up's mid. */
+	if (MODE == EX_GATE_UP)
+		sm70__pdl_enter();
 	if (u >= nu || e < 0 || e >= a.E || first < 0 || count <= 0 || first + count > a.nk)
 		return; /* the whole block: nothing below has run */
 
@@ -180,6 +185,8 @@ static __global__ void __launch_bounds__(RT * KS * 32, EX_MIN_BLOCKS(NI, PF, RT 
 			xp[i] = j < cn ? a.x + xrow * a.cols + chunk * 8 : NULL;
 		}
 
+		if (MODE == EX_DOWN)
+			sm70__pdl_enter(); /* mid comes from gate_up (again on later passes: a no-op) */
 		for (int g = blockIdx.x; g < groups; g += gridDim.x) {
 			wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
 
@@ -300,8 +307,9 @@ static void ex_launch(struct sm70__cuda *c, const struct ex_args &a, int slots, 
 		gx = (resident + slots - 1) / slots;
 	if (gx > groups)
 		gx = groups;
-	sm70__launch_pdl(c, experts_tc_kernel<MODE, NI, RT, KS, PF>, dim3(gx, slots),
-			 dim3(RT * KS * 32), (size_t)(RT * KS * EX_WARP_BYTES), a);
+	sm70__launch_overlap(c, MODE == EX_DOWN ? SM70__PDL_EXPERTS : SM70__PDL_PLAIN,
+			     experts_tc_kernel<MODE, NI, RT, KS, PF>, dim3(gx, slots),
+			     dim3(RT * KS * 32), (size_t)(RT * KS * EX_WARP_BYTES), a);
 }
 
 template <int MODE, int NI>

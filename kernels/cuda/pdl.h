@@ -19,10 +19,11 @@
  *
  * The wait and the release are instructions of compute capability 9.0; below it they
  * compile to nothing and the launcher never asks for the overlap, so one source still
- * serves the SM70 feature set. Two kinds of kernel (below) ask for the overlap
- * separately: by default only those that prefetch; SM70_PDL=all adds the plain ones,
- * =plain takes them alone, and SM70_PDL=0 turns the overlap off on any device, every
- * launch then fully ordered (the path back).
+ * serves the SM70 feature set. The kinds of kernel (below) ask for the overlap
+ * separately: by default only the prefetching ones that were measured; SM70_PDL=experts
+ * adds the MoE down pass, =all every kind, =plain takes the plain ones alone, and
+ * SM70_PDL=0 turns the overlap off on any device, every launch then fully ordered (the
+ * path back).
  *
  * Non-goals: overlap across graph launches (each replay starts after the previous one);
  * programmatic events between streams.
@@ -35,6 +36,7 @@
 /* c->pdl bits: which launches ask for the overlap (SM70_PDL, cuda_backend.cu) */
 #define SM70__PDL_PLAIN 1u    /* kernels that only wait on entry (sm70__pdl_enter) */
 #define SM70__PDL_PREFETCH 2u /* kernels that load weights or state before the wait */
+#define SM70__PDL_EXPERTS 4u  /* the MoE down pass, which prefetches too: not measured yet */
 
 /* Blocks until the kernel ahead has finished and its writes are visible. */
 static __device__ __forceinline__ void sm70__pdl_wait(void)
