@@ -303,18 +303,18 @@ static __global__ void __launch_bounds__(WARPS * 32,
 	for (int i = lane; i < (16 - 4 * NI) * TC_LD / 8; i += 32)
 		((uint4 *)(xs + 4 * NI * TC_LD))[i] = make_uint4(0, 0, 0, 0);
 
-		/* Loads of step s into register slot d; columns past the end and x rows past n read
-		 * as zero. The W half reads only weights, so the prologue issues it before the
-		 * launch-overlap wait (pdl.h) and the x half after it. */
+	/* Loads of step s into register slot d; columns past the end and x rows past n read
+	 * as zero. The W half reads only weights, so the prologue issues it before the
+	 * launch-overlap wait (pdl.h) and the x half after it. */
 #define TC_ISSUE_W(d, s)                                                                           \
 	do {                                                                                       \
-		const bool in_ = (s)*TC_KS + chunk * 8 < cols;                                     \
+		const bool in_ = (s) * TC_KS + chunk * 8 < cols;                                     \
 		_Pragma("unroll") for (int i = 0; i < 4 * MT; i++) wr[d][i] =                      \
-			in_ ? __ldg((const uint4 *)(wp[i] + (s)*TC_KS)) : make_uint4(0, 0, 0, 0);  \
+			in_ ? __ldg((const uint4 *)(wp[i] + (s) * TC_KS)) : make_uint4(0, 0, 0, 0);  \
 	} while (0)
 #define TC_ISSUE_X(d, s)                                                                           \
 	do {                                                                                       \
-		const int k_ = (s)*TC_KS + chunk * 8;                                              \
+		const int k_ = (s) * TC_KS + chunk * 8;                                              \
 		const bool in_ = k_ < cols;                                                        \
 		_Pragma("unroll") for (int i = 0; i < NI; i++)                                     \
 		{                                                                                  \
