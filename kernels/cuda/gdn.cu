@@ -204,8 +204,10 @@ static __global__ void __launch_bounds__(REC_THREADS)
 
 			s[r] = CS ? __ldcs(p) : *p;
 		}
-		/* Only this op writes the state, and the batch arrays are uploads: both could
-		 * be read while the op ahead drained; its output (the conv's) cannot. */
+		/* Only this op writes the state, and the batch arrays are uploads: both may be
+		 * read while the kernel ahead drains (pdl.h); its output (the conv's) may not.
+		 * When that kernel is this op's chunked form, it writes other sequences'
+		 * slots (a sequence is a decode or a chunk in a step, never both). */
 		if (!serial)
 			sm70__pdl_enter();
 		rec_fetch<DK>(a, first, w, lane, kh, h, j0, &in);

@@ -93,6 +93,13 @@ template <int MODE, int NI, int RT, int KS, int PF>
 static __global__ void __launch_bounds__(RT * KS * 32, EX_MIN_BLOCKS(NI, PF, RT * KS))
 	experts_tc_kernel(const struct ex_args a)
 {
+	/* The routing was written by the route op. For gate_up it is the kernel just ahead,
+	 * so the block waits before it reads anything; the down pass runs after gate_up,
+	 * when the route has finished (pdl.h: nothing older than the kernel ahead still
+	 * runs), so it reads the routing and starts its first weight steps before waiting
+	 * for gate_up's mid. */
+	if (MODE == EX_GATE_UP)
+		sm70__pdl_enter();
 	using namespace nvcuda;
 	extern __shared__ __align__(128) unsigned char ex_smem[];
 	__shared__ int tok[EX_TOK];
@@ -112,12 +119,6 @@ static __global__ void __launch_bounds__(RT * KS * 32, EX_MIN_BLOCKS(NI, PF, RT 
 	const int nu = a.n_used[0], e = a.used[u], first = a.used_first[u];
 	const int count = a.used_first[u + 1] - first;
 
-	/* The routing was written by the route op. For gate_up it is the kernel just ahead,
-	 * so the block waits first; the down pass runs after gate_up, when the route has
-	 * finished (pdl.h: nothing older than the kernel ahead still runs), so it reads the
-	 * routing and starts its first weight steps before waiting for gate_up's mid. */
-	if (MODE == EX_GATE_UP)
-		sm70__pdl_enter();
 	if (u >= nu || e < 0 || e >= a.E || first < 0 || count <= 0 || first + count > a.nk)
 		return; /* the whole block: nothing below has run */
 

@@ -193,7 +193,11 @@ template <int MODE, int NI, int RT, int KS, int PF>
 static __global__ void __launch_bounds__(FX_WARPS * 32, FX_BLOCKS_SM(PF))
 	fx_grouped_kernel(const struct fx_args a)
 {
-	sm70__pdl_enter();
+	/* as in moe_experts.cu: gate_up waits for the route before it reads anything; the
+	 * down pass reads the (finished) routing and its first weight steps before waiting
+	 * for gate_up's mid */
+	if (MODE == FX_GATE_UP)
+		sm70__pdl_enter();
 	using namespace nvcuda;
 	extern __shared__ __align__(128) unsigned char fx_smem[];
 	__shared__ int tok[FX_TOK];
@@ -252,6 +256,8 @@ static __global__ void __launch_bounds__(FX_WARPS * 32, FX_BLOCKS_SM(PF))
 			xp[i] = j < cn ? a.x + xrow * a.cols + chunk * 8 : NULL;
 		}
 
+		if (MODE == FX_DOWN)
+			sm70__pdl_enter(); /* mid comes from gate_up */
 		for (int g = blockIdx.x; g < groups; g += gridDim.x) {
 			wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
 
@@ -356,8 +362,9 @@ static void fx_launch(struct sm70__cuda *c, const struct fx_args &a, int slots, 
 		gx = (resident + slots - 1) / slots;
 	if (gx > groups)
 		gx = groups;
-	sm70__launch_pdl(c, fx_grouped_kernel<MODE, NI, RT, KS, PF>, dim3(gx, slots),
-			 dim3(FX_WARPS * 32), (size_t)(FX_WARPS * FX_WARP_BYTES), a);
+	sm70__launch_overlap(c, MODE == FX_DOWN ? SM70__PDL_EXPERTS : SM70__PDL_PLAIN,
+			     fx_grouped_kernel<MODE, NI, RT, KS, PF>, dim3(gx, slots),
+			     dim3(FX_WARPS * 32), (size_t)(FX_WARPS * FX_WARP_BYTES), a);
 }
 
 /*
