@@ -2,7 +2,8 @@
 # gpu-check.sh - builds sm70 with CUDA and runs the GPU tests (tests/gpu) on a GPU machine.
 # Run from the repository root. Prints each test's output, then one PASS/FAIL table:
 # every tests/gpu binary, then the reference fixtures end to end on the CUDA backend
-# (graphs on, eager with SM70_GRAPHS=0, every reference switch), the FP8 KV accuracy check,
+# (graphs on, eager with SM70_GRAPHS=0, every reference switch, the switches not yet on by
+# default), the FP8 KV accuracy check,
 # then tensor parallelism over every GPU present (test_tp: 2..N ranks against one rank).
 #
 #   tools/gpu-check.sh             scons -j16 CUDA=1 CUDA_ARCHS=${CUDA_ARCHS:-90}, then run
@@ -50,10 +51,18 @@ for t in "$B"/tests-gpu/test_*; do
 	[ -x "$t" ] || continue
 	run_one "$(basename "$t")" "$t"
 done
+for t in test_cuda_ops test_cuda_moe test_cuda_moe_nvfp4 test_graphs; do
+	[ -x "$B/tests-gpu/$t" ] || continue
+	run_one "$t-experiments" env SM70_PDL=all SM70_GEMV_WARPS=4 \
+		"$B/tests-gpu/$t"
+done
 if [ -x "$B/tests/test_fixtures" ]; then
 	run_one fixtures-cuda env SM70_BACKEND=cuda "$B/tests/test_fixtures"
 	run_one fixtures-cuda-eager env SM70_BACKEND=cuda SM70_GRAPHS=0 "$B/tests/test_fixtures"
 	run_one kv-fp8-cuda env SM70_BACKEND=cuda "$B/tests/test_kv_fp8"
+	# the switches not on by default yet: every overlapped-launch kind, 4-warp GEMVs
+	run_one fixtures-cuda-experiments env SM70_BACKEND=cuda SM70_PDL=all SM70_GEMV_WARPS=auto \
+		"$B/tests/test_fixtures"
 	run_one fixtures-cuda-reference env SM70_BACKEND=cuda SM70_GRAPHS=0 SM70_MATMUL=reference \
 		SM70_ATTENTION=reference SM70_SAMPLER=reference SM70_FUSED=0 SM70_GDN=reference SM70_MOE=reference SM70_PDL=0 SM70_GEMV_SPLIT=0 \
 		"$B/tests/test_fixtures"
