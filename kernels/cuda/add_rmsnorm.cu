@@ -161,7 +161,7 @@ extern "C" void sm70__cuda_add_rmsnorm(struct sm70_backend *be, void *y, float *
 		switch (nch) {
 #define CASE(N)                                                                                 \
 	case N:                                                                                 \
-		sm70__launch_pdl(c, add_rmsnorm_vec_kernel<N>, dim3(n), dim3(VEC_THREADS), 0,    \
+		sm70__launch_pdl(c, SM70__PDL_NORM, add_rmsnorm_vec_kernel<N>, dim3(n), dim3(VEC_THREADS), 0,    \
 				 (__half *)y, resid, (const __half *)delta, w, dim, eps);       \
 		break;
 			CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
@@ -170,7 +170,7 @@ extern "C" void sm70__cuda_add_rmsnorm(struct sm70_backend *be, void *y, float *
 		SM70_CUDA_LAUNCHED(be, "add_rmsnorm_vec_kernel");
 		return;
 	}
-	sm70__launch_pdl(c, add_rmsnorm_kernel, dim3(n), dim3(threads), 0, (__half *)y, resid,
+	sm70__launch_pdl(c, SM70__PDL_NORM, add_rmsnorm_kernel, dim3(n), dim3(threads), 0, (__half *)y, resid,
 			 (const __half *)delta, w, dim, eps);
 	SM70_CUDA_LAUNCHED(be, "add_rmsnorm_kernel");
 }

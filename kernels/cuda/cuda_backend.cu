@@ -293,31 +293,47 @@ static int wants_reference(const char *name)
 	return 1;
 }
 
-/* Which launches may overlap (pdl.h): by default the kernels that load before their
- * wait; SM70_PDL=0 none ("fully ordered"), =plain the others only, =experts the default
- * and the MoE down pass, =all every kind. Measured (docs/PERFORMANCE.md, "Overlapped
- * launches"): the plain kind costs 4% at B16; the down pass is not measured yet. */
+/* Which kinds of launch may overlap (pdl.h): SM70_PDL is a comma-separated list of kinds
+ * (prefetch, experts, norm, rope, attention, merge, act, conv, moe, hc, nvfp4, misc),
+ * plain (every kind that waits on entry), all, or 0 (none: every launch fully ordered).
+ * Unset: prefetch, the kind measured faster (docs/PERFORMANCE.md, "Overlapped launches"). */
 static unsigned want_pdl(void)
 {
+	static const struct {
+		const char *name;
+		unsigned bits;
+	} kinds[] = {
+		{ "prefetch", SM70__PDL_PREFETCH }, { "experts", SM70__PDL_EXPERTS },
+		{ "norm", SM70__PDL_NORM },	    { "rope", SM70__PDL_ROPE },
+		{ "attention", SM70__PDL_ATTN },    { "merge", SM70__PDL_MERGE },
+		{ "act", SM70__PDL_ACT },	    { "conv", SM70__PDL_CONV },
+		{ "moe", SM70__PDL_MOE },	    { "hc", SM70__PDL_HC },
+		{ "nvfp4", SM70__PDL_NVFP4 },	    { "misc", SM70__PDL_MISC },
+		{ "plain", SM70__PDL_PLAIN },	    { "all", ~0u },
+		{ "0", 0 },
+	};
 	const char *v = getenv("SM70_PDL");
-	unsigned kinds = SM70__PDL_PREFETCH;
+	unsigned bits = 0;
 
-	if (!v || !*v || strcmp(v, "prefetch") == 0)
-		return kinds;
-	if (strcmp(v, "0") == 0)
-		kinds = 0;
-	else if (strcmp(v, "plain") == 0)
-		kinds = SM70__PDL_PLAIN;
-	else if (strcmp(v, "experts") == 0)
-		kinds = SM70__PDL_PREFETCH | SM70__PDL_EXPERTS;
-	else if (strcmp(v, "all") == 0)
-		kinds = SM70__PDL_PLAIN | SM70__PDL_PREFETCH | SM70__PDL_EXPERTS;
-	else
-		fprintf(stderr, "sm70 cuda: SM70_PDL=%s not known (0, prefetch, plain, experts, all)\n",
-			v);
+	if (!v || !*v)
+		return SM70__PDL_PREFETCH;
+	for (const char *p = v; *p;) {
+		size_t n = strcspn(p, ",");
+		size_t i;
+
+		for (i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+			if (strlen(kinds[i].name) == n && strncmp(p, kinds[i].name, n) == 0)
+				break;
+		if (i == sizeof(kinds) / sizeof(kinds[0]))
+			fprintf(stderr, "sm70 cuda: SM70_PDL: kind '%.*s' not known, ignored\n",
+				(int)n, p);
+		else
+			bits |= kinds[i].bits;
+		p += n + (p[n] == ',');
+	}
 	fprintf(stderr, "sm70 cuda: SM70_PDL=%s: %s\n", v,
-		kinds ? "overlapped launches for those kernels" : "every launch fully ordered");
-	return kinds;
+		bits ? "overlapped launches for those kinds" : "every launch fully ordered");
+	return bits;
 }
 
 /* SM70_NVFP4_VARIANT (0 .. 3, see matmul_nvfp4.cu), for timing the NVFP4 kernels against

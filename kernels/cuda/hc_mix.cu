@@ -222,12 +222,12 @@ extern "C" int sm70__cuda_hc_mix(struct sm70_backend *be, void *y, float *inj, v
 						     cudaFuncAttributeMaxDynamicSharedMemorySize,
 						     dim * 2)))
 		return -EIO;
-	sm70__launch_pdl(c, hc_mix_down_kernel,
+	sm70__launch_pdl(c, SM70__PDL_HC, hc_mix_down_kernel,
 			 dim3((unsigned)((width + DOWN_ROWS - 1) / DOWN_ROWS), (unsigned)streams),
 			 dim3(MIX_WARPS * 32), (size_t)dim * 2, part, (__half *)xn, x, norm,
 			 (const __half *)mix->data, mix->rows, width, dim, eps);
 	SM70_CUDA_LAUNCHED(be, "hc_mix_down_kernel");
-	sm70__launch_pdl(c, hc_mix_up_kernel,
+	sm70__launch_pdl(c, SM70__PDL_HC, hc_mix_up_kernel,
 			 dim3((unsigned)((dim + MIX_WARPS * UP_J - 1) / (MIX_WARPS * UP_J))),
 			 dim3(MIX_WARPS * 32), (size_t)rank * 2, (__half *)y, inj, part,
 			 (const __half *)xn, (const __half *)up->data, mix->rows, streams, dim,

@@ -522,7 +522,7 @@ static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 			return;
 		sp = gemv_split(c, tiles, *res * c->n_sm, (cols + TC_KS - 1) / TC_KS, WARPS, MT,
 				SILU);
-		sm70__launch_pdl_prefetch(c, gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
+		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
 					  dim3((unsigned)tiles, (unsigned)sp), dim3(WARPS * 32),
 					  smem, y, y_f32, x, w, rows, cols, n, c->gemv_part,
 					  c->gemv_count);

@@ -650,7 +650,7 @@ static void fp4_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x
 			return;
 		attr_set |= bit;
 	}
-	sm70__launch_pdl(c, fp4_gemv_kernel<MT, NI>, dim3((n_tiles + MT - 1) / MT),
+	sm70__launch_pdl(c, SM70__PDL_NVFP4, fp4_gemv_kernel<MT, NI>, dim3((n_tiles + MT - 1) / MT),
 			 dim3(FP4_WARPS * 32), smem, y, y_f32, x, (const uint4 *)w->data,
 			 (const uint16_t *)w->scale, w->rows, w->cols, n, 128.0f * w->scale2,
 			 w->row_scale2);
@@ -694,7 +694,7 @@ static void fp4_dot_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 			return;
 		attr_set |= bit;
 	}
-	sm70__launch_pdl_prefetch(c, fp4_dot_kernel<NR, T, PF>, dim3((n_tiles + T - 1) / T),
+	sm70__launch_pdl(c, SM70__PDL_PREFETCH, fp4_dot_kernel<NR, T, PF>, dim3((n_tiles + T - 1) / T),
 			 dim3(FP4_WARPS * 32), smem, y, y_f32, x, (const uint4 *)w->data,
 			 (const uint16_t *)w->scale, w->rows, w->cols, w->scale2, w->row_scale2);
 }

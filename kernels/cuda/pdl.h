@@ -6,7 +6,7 @@
  * to pay its launch and load latency in series (docs/PERFORMANCE.md, "Overlapped
  * launches").
  *
- * The contract of a kernel launched with sm70__launch_pdl or sm70__launch_pdl_prefetch:
+ * The contract of a kernel launched with sm70__launch_pdl:
  * - every thread that touches global memory the kernel ahead of it may write, or writes
  *   anything, calls sm70__pdl_wait() first (a thread that returns untouched need not);
  *   the wait returns when the kernel ahead has finished and its writes are visible;
@@ -19,11 +19,9 @@
  *
  * The wait and the release are instructions of compute capability 9.0; below it they
  * compile to nothing and the launcher never asks for the overlap, so one source still
- * serves the SM70 feature set. The kinds of kernel (below) ask for the overlap
- * separately: by default only the prefetching ones that were measured; SM70_PDL=experts
- * adds the MoE down pass, =all every kind, =plain takes the plain ones alone, and
- * SM70_PDL=0 turns the overlap off on any device, every launch then fully ordered (the
- * path back).
+ * serves the SM70 feature set. Each kind of kernel (below) asks for the overlap
+ * separately; SM70_PDL=0 turns it off on any device, every launch then fully ordered
+ * (the path back).
  *
  * Non-goals: overlap across graph launches (each replay starts after the previous one);
  * programmatic events between streams.
@@ -33,10 +31,24 @@
 
 #include "kernels/cuda/cuda_check.h"
 
-/* c->pdl bits: which launches ask for the overlap (SM70_PDL, cuda_backend.cu) */
-#define SM70__PDL_PLAIN 1u    /* kernels that only wait on entry (sm70__pdl_enter) */
-#define SM70__PDL_PREFETCH 2u /* kernels that load weights or state before the wait */
-#define SM70__PDL_EXPERTS 4u  /* the MoE down pass, which prefetches too: not measured yet */
+/* c->pdl bits, one per kind of kernel (SM70_PDL names them, cuda_backend.cu): which
+ * launches ask for the overlap. On by default: PREFETCH, the kernels that load weights or
+ * state before their wait, measured faster. The others, the "plain" kinds, wait on entry
+ * and gain only their launch latency; together they measured 4% slower at B16, so each
+ * can be turned on alone to find which (docs/PERFORMANCE.md, "Overlapped launches"). */
+#define SM70__PDL_PREFETCH (1u << 0) /* GEMVs, the DeltaNet update, the NVFP4 dot kernel */
+#define SM70__PDL_EXPERTS (1u << 1)  /* the MoE down pass (prefetches; not measured yet) */
+#define SM70__PDL_NORM (1u << 2)     /* add_rmsnorm, gated_rmsnorm, group_rmsnorm */
+#define SM70__PDL_ROPE (1u << 3)     /* qk_norm_rope_kv, head_norm_rope, kv_write */
+#define SM70__PDL_ATTN (1u << 4)     /* decode attention */
+#define SM70__PDL_MERGE (1u << 5)    /* its split merge */
+#define SM70__PDL_ACT (1u << 6)      /* silu_mul, sigmoid_mul, sigmoid_scale_add, add */
+#define SM70__PDL_CONV (1u << 7)     /* conv1d_silu */
+#define SM70__PDL_MOE (1u << 8)      /* moe_route, the gate_up pass, the combine */
+#define SM70__PDL_HC (1u << 9)       /* hyper-connection ops, hc_mix */
+#define SM70__PDL_NVFP4 (1u << 10)   /* the NVFP4 WMMA GEMV (n >= 2) */
+#define SM70__PDL_MISC (1u << 11)    /* gather_rows */
+#define SM70__PDL_PLAIN (0xffcu)     /* every kind that waits on entry */
 
 /* Blocks until the kernel ahead has finished and its writes are visible. */
 static __device__ __forceinline__ void sm70__pdl_wait(void)
@@ -61,10 +73,13 @@ static __device__ __forceinline__ void sm70__pdl_enter(void)
 	sm70__pdl_release();
 }
 
+/* kernel<<<grid, block, smem, c->stream>>>(args...) for a kernel of `kind` that obeys the
+ * contract above, asking for the overlap when c->pdl has that kind. The caller reports
+ * the result as for <<<...>>> (SM70_CUDA_LAUNCHED). */
 template <typename... P, typename... A>
-static inline void sm70__launch_overlap(const struct sm70__cuda *c, unsigned kind,
-					void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
-					A &&...args)
+static inline void sm70__launch_pdl(const struct sm70__cuda *c, unsigned kind,
+				    void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+				    A &&...args)
 {
 	cudaLaunchConfig_t cfg{};
 	cudaLaunchAttribute at[1]{};
@@ -79,26 +94,6 @@ static inline void sm70__launch_overlap(const struct sm70__cuda *c, unsigned kin
 	cfg.numAttrs = (c->pdl & kind) ? 1 : 0;
 	/* an error stays for cudaGetLastError, as after <<<...>>> */
 	(void)cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
-}
-
-/* kernel<<<grid, block, smem, c->stream>>>(args...) for a kernel that obeys the contract
- * and waits on entry, asking for the overlap when c->pdl allows plain kernels. The caller
- * reports the result as for <<<...>>> (SM70_CUDA_LAUNCHED). */
-template <typename... P, typename... A>
-static inline void sm70__launch_pdl(const struct sm70__cuda *c, void (*kernel)(P...), dim3 grid,
-				    dim3 block, size_t smem, A &&...args)
-{
-	sm70__launch_overlap(c, SM70__PDL_PLAIN, kernel, grid, block, smem,
-			     static_cast<A &&>(args)...);
-}
-
-/* The same for a kernel that loads before its wait. */
-template <typename... P, typename... A>
-static inline void sm70__launch_pdl_prefetch(const struct sm70__cuda *c, void (*kernel)(P...),
-					     dim3 grid, dim3 block, size_t smem, A &&...args)
-{
-	sm70__launch_overlap(c, SM70__PDL_PREFETCH, kernel, grid, block, smem,
-			     static_cast<A &&>(args)...);
 }
 
 #endif

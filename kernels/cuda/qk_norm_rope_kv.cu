@@ -142,13 +142,13 @@ extern "C" void sm70__cuda_qk_norm_rope_kv(struct sm70_backend *be, void *qkv, i
 		return;
 	}
 	if (lay->dtype == SM70_DTYPE_F16) {
-		sm70__launch_pdl(c, qk_norm_rope_kv_kernel<false>, dim3(grid),
+		sm70__launch_pdl(c, SM70__PDL_ROPE, qk_norm_rope_kv_kernel<false>, dim3(grid),
 				 dim3(HEADS_PER_BLOCK * 32), smem, (__half *)qkv, ld, n_heads,
 				 n_kv_heads, head_dim, q_norm, k_norm, eps, pos, rot_dim,
 				 (float)theta, kv->k, kv->v, slots, n_slots, kv->k_scale,
 				 kv->v_scale);
 	} else if (lay->dtype == SM70_DTYPE_F8E4M3) {
-		sm70__launch_pdl(c, qk_norm_rope_kv_kernel<true>, dim3(grid),
+		sm70__launch_pdl(c, SM70__PDL_ROPE, qk_norm_rope_kv_kernel<true>, dim3(grid),
 				 dim3(HEADS_PER_BLOCK * 32), smem, (__half *)qkv, ld, n_heads,
 				 n_kv_heads, head_dim, q_norm, k_norm, eps, pos, rot_dim,
 				 (float)theta, kv->k, kv->v, slots, n_slots, kv->k_scale,
