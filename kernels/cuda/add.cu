@@ -27,7 +27,8 @@ extern "C" void sm70__cuda_add(struct sm70_backend *be, float *resid, const void
 
 	if (count == 0)
 		return;
-	sm70__launch_pdl(c, SM70__PDL_ACT, add_kernel, dim3((unsigned)(blocks < cap ? blocks : cap)),
-			 dim3(threads), 0, resid, (const __half *)x, count);
+	sm70__launch_pdl(c, SM70__PDL_ACT, add_kernel,
+			 dim3((unsigned)(blocks < cap ? blocks : cap)), dim3(threads), 0, resid,
+			 (const __half *)x, count);
 	SM70_CUDA_LAUNCHED(be, "add_kernel");
 }

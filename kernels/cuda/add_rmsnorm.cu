@@ -159,10 +159,11 @@ extern "C" void sm70__cuda_add_rmsnorm(struct sm70_backend *be, void *y, float *
 	if (dim % 4 == 0 && nch <= VEC_MAX_CHUNKS && ((uintptr_t)resid & 15) == 0 &&
 	    ((uintptr_t)w & 15) == 0 && ((uintptr_t)y & 7) == 0 && ((uintptr_t)delta & 7) == 0) {
 		switch (nch) {
-#define CASE(N)                                                                                 \
-	case N:                                                                                 \
-		sm70__launch_pdl(c, SM70__PDL_NORM, add_rmsnorm_vec_kernel<N>, dim3(n), dim3(VEC_THREADS), 0,    \
-				 (__half *)y, resid, (const __half *)delta, w, dim, eps);       \
+#define CASE(N)                                                                          \
+	case N:                                                                          \
+		sm70__launch_pdl(c, SM70__PDL_NORM, add_rmsnorm_vec_kernel<N>, dim3(n),   \
+				 dim3(VEC_THREADS), 0, (__half *)y, resid,                \
+				 (const __half *)delta, w, dim, eps);                     \
 		break;
 			CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
@@ -170,7 +171,7 @@ extern "C" void sm70__cuda_add_rmsnorm(struct sm70_backend *be, void *y, float *
 		SM70_CUDA_LAUNCHED(be, "add_rmsnorm_vec_kernel");
 		return;
 	}
-	sm70__launch_pdl(c, SM70__PDL_NORM, add_rmsnorm_kernel, dim3(n), dim3(threads), 0, (__half *)y, resid,
-			 (const __half *)delta, w, dim, eps);
+	sm70__launch_pdl(c, SM70__PDL_NORM, add_rmsnorm_kernel, dim3(n), dim3(threads), 0,
+			 (__half *)y, resid, (const __half *)delta, w, dim, eps);
 	SM70_CUDA_LAUNCHED(be, "add_rmsnorm_kernel");
 }

@@ -161,8 +161,9 @@ static __global__ void attn_merge_kernel(__half *__restrict__ out,
 int sm70__cuda_attn_merge(struct sm70__cuda *c, __half *out, const float *part, int rows,
 			  int nsplit, int D)
 {
-	sm70__launch_pdl(c, SM70__PDL_MERGE, attn_merge_kernel, dim3(rows), dim3((D / 4 + 31) / 32 * 32),
-			 (size_t)nsplit * 2 * sizeof(float), out, part, nsplit, D);
+	sm70__launch_pdl(c, SM70__PDL_MERGE, attn_merge_kernel, dim3(rows),
+			 dim3((D / 4 + 31) / 32 * 32), (size_t)nsplit * 2 * sizeof(float), out,
+			 part, nsplit, D);
 	if (SM70_CUDA_LAUNCHED(&c->be, "attn_merge_kernel"))
 		return -EIO;
 	return 0;
@@ -507,8 +508,8 @@ static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_
 	 * a second partial wave would cost a whole block's time). */
 	sm70__attn_size_split(c, &a, n_tokens, D, max_pos, (long)resident * c->n_sm / blocks, TP,
 			      TP);
-	sm70__launch_pdl(c, SM70__PDL_ATTN, attn_tc_kernel<D, FP8, TP, NPF>, dim3((unsigned)blocks, a.nsplit),
-			 dim3(TC_THREADS), smem, a);
+	sm70__launch_pdl(c, SM70__PDL_ATTN, attn_tc_kernel<D, FP8, TP, NPF>,
+			 dim3((unsigned)blocks, a.nsplit), dim3(TC_THREADS), smem, a);
 	if (SM70_CUDA_LAUNCHED(&c->be, "attn_tc_kernel"))
 		return -EIO;
 	if (a.nsplit > 1)

@@ -171,15 +171,15 @@ static void conv_launch(struct sm70__cuda *c, const struct conv_args &a, int n_d
 		return;
 	}
 	if (n_decode > 0) {
-		sm70__launch_pdl(c, SM70__PDL_CONV, conv_kernel<K>, dim3(bx, (unsigned)n_decode, 1), dim3(THREADS),
-				 0, a, 0);
+		sm70__launch_pdl(c, SM70__PDL_CONV, conv_kernel<K>, dim3(bx, (unsigned)n_decode, 1),
+				 dim3(THREADS), 0, a, 0);
 		SM70_CUDA_LAUNCHED(&c->be, "conv_kernel (decodes)");
 	}
 	if (n_chunks > 0) {
 		unsigned pieces = (unsigned)((max_len + SUB - 1) / SUB);
 
-		sm70__launch_pdl(c, SM70__PDL_CONV, conv_kernel<K>, dim3(bx, (unsigned)n_chunks, pieces),
-				 dim3(THREADS), 0, a, 1);
+		sm70__launch_pdl(c, SM70__PDL_CONV, conv_kernel<K>,
+				 dim3(bx, (unsigned)n_chunks, pieces), dim3(THREADS), 0, a, 1);
 		SM70_CUDA_LAUNCHED(&c->be, "conv_kernel (chunks)");
 	}
 }

@@ -100,12 +100,12 @@ extern "C" void sm70__cuda_gated_rmsnorm(struct sm70_backend *be, void *x, const
 	}
 	blocks = (unsigned)((items + WARPS - 1) / WARPS);
 	if (dim % 4 == 0 && z_ld % 4 == 0 && align % 8 == 0)
-		sm70__launch_pdl(c, SM70__PDL_NORM, gated_rmsnorm_kernel<4>, dim3(blocks), dim3(WARPS * 32), 0,
-				 (__half *)x, (const __half *)z, z_ld, w, (int)items, n_heads, dim,
-				 eps, gate_sigmoid != 0);
+		sm70__launch_pdl(c, SM70__PDL_NORM, gated_rmsnorm_kernel<4>, dim3(blocks),
+				 dim3(WARPS * 32), 0, (__half *)x, (const __half *)z, z_ld, w,
+				 (int)items, n_heads, dim, eps, gate_sigmoid != 0);
 	else
-		sm70__launch_pdl(c, SM70__PDL_NORM, gated_rmsnorm_kernel<1>, dim3(blocks), dim3(WARPS * 32), 0,
-				 (__half *)x, (const __half *)z, z_ld, w, (int)items, n_heads, dim,
-				 eps, gate_sigmoid != 0);
+		sm70__launch_pdl(c, SM70__PDL_NORM, gated_rmsnorm_kernel<1>, dim3(blocks),
+				 dim3(WARPS * 32), 0, (__half *)x, (const __half *)z, z_ld, w,
+				 (int)items, n_heads, dim, eps, gate_sigmoid != 0);
 	SM70_CUDA_LAUNCHED(be, "gated_rmsnorm_kernel");
 }

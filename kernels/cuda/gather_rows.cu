@@ -29,10 +29,10 @@ extern "C" void sm70__cuda_gather_rows(struct sm70_backend *be, void *dst, const
 	if (n <= 0 || dim <= 0)
 		return;
 	if (is_f32)
-		sm70__launch_pdl(c, SM70__PDL_MISC, gather_kernel<float>, dim3(n), dim3(threads), 0, (float *)dst,
-				 (const float *)src, rows, dim);
+		sm70__launch_pdl(c, SM70__PDL_MISC, gather_kernel<float>, dim3(n), dim3(threads), 0,
+				 (float *)dst, (const float *)src, rows, dim);
 	else
-		sm70__launch_pdl(c, SM70__PDL_MISC, gather_kernel<__half>, dim3(n), dim3(threads), 0, (__half *)dst,
-				 (const __half *)src, rows, dim);
+		sm70__launch_pdl(c, SM70__PDL_MISC, gather_kernel<__half>, dim3(n), dim3(threads),
+				 0, (__half *)dst, (const __half *)src, rows, dim);
 	SM70_CUDA_LAUNCHED(be, "gather_kernel");
 }

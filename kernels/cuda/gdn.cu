@@ -711,23 +711,23 @@ static void rec_launch(struct sm70__cuda *c, const struct gdn_args &a, int cols,
 	const dim3 grid((unsigned)(a.dv / cols), (unsigned)a.n_v, (unsigned)(serial ? 1 : segs));
 
 	if (cols == 16 && cs)
-		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gdn_rec_kernel<DK, 4, true>, grid, dim3(REC_THREADS), 0, a,
-				 serial);
+		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gdn_rec_kernel<DK, 4, true>, grid,
+				 dim3(REC_THREADS), 0, a, serial);
 	else if (cols == 16)
-		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gdn_rec_kernel<DK, 4, false>, grid, dim3(REC_THREADS), 0, a,
-				 serial);
+		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gdn_rec_kernel<DK, 4, false>, grid,
+				 dim3(REC_THREADS), 0, a, serial);
 	else if (cols == 64 && cs)
-		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gdn_rec_kernel<DK, 16, true>, grid, dim3(REC_THREADS), 0, a,
-				 serial);
+		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gdn_rec_kernel<DK, 16, true>, grid,
+				 dim3(REC_THREADS), 0, a, serial);
 	else if (cols == 64)
-		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gdn_rec_kernel<DK, 16, false>, grid, dim3(REC_THREADS), 0, a,
-				 serial);
+		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gdn_rec_kernel<DK, 16, false>, grid,
+				 dim3(REC_THREADS), 0, a, serial);
 	else if (cs)
-		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gdn_rec_kernel<DK, 8, true>, grid, dim3(REC_THREADS), 0, a,
-				 serial);
+		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gdn_rec_kernel<DK, 8, true>, grid,
+				 dim3(REC_THREADS), 0, a, serial);
 	else
-		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gdn_rec_kernel<DK, 8, false>, grid, dim3(REC_THREADS), 0, a,
-				 serial);
+		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gdn_rec_kernel<DK, 8, false>, grid,
+				 dim3(REC_THREADS), 0, a, serial);
 	SM70_CUDA_LAUNCHED(&c->be, "gdn_rec_kernel");
 }
 

@@ -102,11 +102,13 @@ static void group_rmsnorm_launch(struct sm70__cuda *c, void *y, const void *x, c
 	const uintptr_t x_align = sizeof(T) * 4;
 
 	if (dim % 4 == 0 && (uintptr_t)x % x_align == 0 && (uintptr_t)y % 8 == 0)
-		sm70__launch_pdl(c, SM70__PDL_NORM, group_rmsnorm_kernel<T, 4>, dim3(blocks), dim3(WARPS * 32), 0,
-				 (__half *)y, (const T *)x, w, items, groups, dim, eps);
+		sm70__launch_pdl(c, SM70__PDL_NORM, group_rmsnorm_kernel<T, 4>, dim3(blocks),
+				 dim3(WARPS * 32), 0, (__half *)y, (const T *)x, w, items, groups,
+				 dim, eps);
 	else
-		sm70__launch_pdl(c, SM70__PDL_NORM, group_rmsnorm_kernel<T, 1>, dim3(blocks), dim3(WARPS * 32), 0,
-				 (__half *)y, (const T *)x, w, items, groups, dim, eps);
+		sm70__launch_pdl(c, SM70__PDL_NORM, group_rmsnorm_kernel<T, 1>, dim3(blocks),
+				 dim3(WARPS * 32), 0, (__half *)y, (const T *)x, w, items, groups,
+				 dim, eps);
 	SM70_CUDA_LAUNCHED(&c->be, "group_rmsnorm_kernel");
 }
 

@@ -62,8 +62,8 @@ extern "C" void sm70__cuda_hc_gates(struct sm70_backend *be, void *z, float *inj
 		sm70__cuda_fail(be, "hc_gates", __FILE__, __LINE__, "bad rank or ld");
 		return;
 	}
-	sm70__launch_pdl(c, SM70__PDL_HC, hc_gates_kernel, dim3(hc_blocks((size_t)n * width)), dim3(THREADS), 0,
-			 (__half *)z, inj, f, ld, n, rank, streams, width);
+	sm70__launch_pdl(c, SM70__PDL_HC, hc_gates_kernel, dim3(hc_blocks((size_t)n * width)),
+			 dim3(THREADS), 0, (__half *)z, inj, f, ld, n, rank, streams, width);
 	SM70_CUDA_LAUNCHED(be, "hc_gates_kernel");
 }
 
@@ -116,13 +116,13 @@ extern "C" void sm70__cuda_hc_combine(struct sm70_backend *be, void *y, const vo
 	if (n <= 0 || streams <= 0 || dim <= 0)
 		return;
 	if (dim % 2 == 0 && align % 4 == 0)
-		sm70__launch_pdl(c, SM70__PDL_HC, hc_combine_kernel<2>, dim3(hc_blocks(count / 2)), dim3(THREADS),
-				 0, (__half *)y, (const __half *)u, (const __half *)xn, n, streams,
-				 dim);
+		sm70__launch_pdl(c, SM70__PDL_HC, hc_combine_kernel<2>, dim3(hc_blocks(count / 2)),
+				 dim3(THREADS), 0, (__half *)y, (const __half *)u,
+				 (const __half *)xn, n, streams, dim);
 	else
-		sm70__launch_pdl(c, SM70__PDL_HC, hc_combine_kernel<1>, dim3(hc_blocks(count)), dim3(THREADS), 0,
-				 (__half *)y, (const __half *)u, (const __half *)xn, n, streams,
-				 dim);
+		sm70__launch_pdl(c, SM70__PDL_HC, hc_combine_kernel<1>, dim3(hc_blocks(count)),
+				 dim3(THREADS), 0, (__half *)y, (const __half *)u,
+				 (const __half *)xn, n, streams, dim);
 	SM70_CUDA_LAUNCHED(be, "hc_combine_kernel");
 }
 
@@ -164,10 +164,10 @@ extern "C" void sm70__cuda_hc_inject(struct sm70_backend *be, float *x, const vo
 	if (n <= 0 || streams <= 0 || dim <= 0)
 		return;
 	if (dim % 2 == 0 && (uintptr_t)x % 8 == 0 && (uintptr_t)delta % 4 == 0)
-		sm70__launch_pdl(c, SM70__PDL_HC, hc_inject_kernel<2>, dim3(hc_blocks(count / 2)), dim3(THREADS),
-				 0, x, (const __half *)delta, inj, n, streams, dim);
+		sm70__launch_pdl(c, SM70__PDL_HC, hc_inject_kernel<2>, dim3(hc_blocks(count / 2)),
+				 dim3(THREADS), 0, x, (const __half *)delta, inj, n, streams, dim);
 	else
-		sm70__launch_pdl(c, SM70__PDL_HC, hc_inject_kernel<1>, dim3(hc_blocks(count)), dim3(THREADS), 0,
-				 x, (const __half *)delta, inj, n, streams, dim);
+		sm70__launch_pdl(c, SM70__PDL_HC, hc_inject_kernel<1>, dim3(hc_blocks(count)),
+				 dim3(THREADS), 0, x, (const __half *)delta, inj, n, streams, dim);
 	SM70_CUDA_LAUNCHED(be, "hc_inject_kernel");
 }

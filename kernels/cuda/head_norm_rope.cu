@@ -67,8 +67,8 @@ extern "C" void sm70__cuda_head_norm_rope(struct sm70_backend *be, void *qk, int
 		sm70__cuda_fail(be, "head_norm_rope", __FILE__, __LINE__, "bad rot_dim");
 		return;
 	}
-	sm70__launch_pdl(c, SM70__PDL_ROPE, head_norm_rope_kernel, dim3(grid), dim3(HEADS_PER_BLOCK * 32), smem,
-			 (__half *)qk, ld, n_heads, head_dim, norm_w, eps, pos, rot_dim,
-			 (float)theta);
+	sm70__launch_pdl(c, SM70__PDL_ROPE, head_norm_rope_kernel, dim3(grid),
+			 dim3(HEADS_PER_BLOCK * 32), smem, (__half *)qk, ld, n_heads, head_dim,
+			 norm_w, eps, pos, rot_dim, (float)theta);
 	SM70_CUDA_LAUNCHED(be, "head_norm_rope_kernel");
 }

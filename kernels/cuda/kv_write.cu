@@ -56,13 +56,13 @@ extern "C" void sm70__cuda_kv_write(struct sm70_backend *be, const struct sm70_k
 	if (n <= 0 || row <= 0)
 		return;
 	if (lay->dtype == SM70_DTYPE_F16) {
-		sm70__launch_pdl(c, SM70__PDL_ROPE, kv_write_kernel<false>, dim3(n), dim3(threads), 0, kv->k, kv->v,
-				 (const __half *)k, (const __half *)v, ld, slots, n_slots, row,
-				 kv->k_scale, kv->v_scale);
+		sm70__launch_pdl(c, SM70__PDL_ROPE, kv_write_kernel<false>, dim3(n), dim3(threads),
+				 0, kv->k, kv->v, (const __half *)k, (const __half *)v, ld, slots,
+				 n_slots, row, kv->k_scale, kv->v_scale);
 	} else if (lay->dtype == SM70_DTYPE_F8E4M3) {
-		sm70__launch_pdl(c, SM70__PDL_ROPE, kv_write_kernel<true>, dim3(n), dim3(threads), 0, kv->k, kv->v,
-				 (const __half *)k, (const __half *)v, ld, slots, n_slots, row,
-				 kv->k_scale, kv->v_scale);
+		sm70__launch_pdl(c, SM70__PDL_ROPE, kv_write_kernel<true>, dim3(n), dim3(threads),
+				 0, kv->k, kv->v, (const __half *)k, (const __half *)v, ld, slots,
+				 n_slots, row, kv->k_scale, kv->v_scale);
 	} else {
 		sm70__cuda_fail(be, "kv_write", __FILE__, __LINE__, "unsupported KV dtype");
 		return;

@@ -279,7 +279,8 @@ static __global__ void __launch_bounds__(WARPS * 32,
 	const int r0 = blockIdx.x * 16 * MT;
 	/* split (gridDim.y) > 1: this block takes split blockIdx.y of the column steps */
 	const int split = (int)gridDim.y, nsteps = (cols + TC_KS - 1) / TC_KS;
-	const int q0 = (int)blockIdx.y * nsteps / split, q1 = ((int)blockIdx.y + 1) * nsteps / split;
+	const int q0 = (int)blockIdx.y * nsteps / split;
+	const int q1 = ((int)blockIdx.y + 1) * nsteps / split;
 	const int s0 = q0 + warp * (q1 - q0) / WARPS, s1 = q0 + (warp + 1) * (q1 - q0) / WARPS;
 	const size_t ldx = SILU ? 2 * (size_t)cols : (size_t)cols; /* x row stride */
 	__half *ws = (__half *)(tc_smem + warp * tc_warp<MT>::bytes);
@@ -306,32 +307,33 @@ static __global__ void __launch_bounds__(WARPS * 32,
 	/* Loads of step s into register slot d; columns past the end and x rows past n read
 	 * as zero. The W half reads only weights, so the prologue issues it before the
 	 * launch-overlap wait (pdl.h) and the x half after it. */
-#define TC_ISSUE_W(d, s)                                                                           \
-	do {                                                                                       \
-		const bool in_ = (s) * TC_KS + chunk * 8 < cols;                                     \
-		_Pragma("unroll") for (int i = 0; i < 4 * MT; i++) wr[d][i] =                      \
-			in_ ? __ldg((const uint4 *)(wp[i] + (s) * TC_KS)) : make_uint4(0, 0, 0, 0);  \
+#define TC_ISSUE_W(d, s)                                                                \
+	do {                                                                            \
+		const bool in_ = (s) * TC_KS + chunk * 8 < cols;                        \
+		_Pragma("unroll") for (int i = 0; i < 4 * MT; i++) wr[d][i] =           \
+			in_ ? __ldg((const uint4 *)(wp[i] + (s) * TC_KS)) :             \
+			      make_uint4(0, 0, 0, 0);                                   \
 	} while (0)
-#define TC_ISSUE_X(d, s)                                                                           \
-	do {                                                                                       \
-		const int k_ = (s) * TC_KS + chunk * 8;                                              \
-		const bool in_ = k_ < cols;                                                        \
-		_Pragma("unroll") for (int i = 0; i < NI; i++)                                     \
-		{                                                                                  \
-			const int j_ = sub + 4 * i;                                                \
-			const __half *xp_ = x + (size_t)j_ * ldx + k_;                             \
-			xr[d][i] = in_ && j_ < n ? __ldg((const uint4 *)xp_)                       \
-						 : make_uint4(0, 0, 0, 0);                         \
-			if (SILU)                                                                  \
-				xu[SILU ? d : 0][SILU ? i : 0] =                                   \
-					in_ && j_ < n ? __ldg((const uint4 *)(xp_ + cols))         \
-						      : make_uint4(0, 0, 0, 0);                    \
-		}                                                                                  \
+#define TC_ISSUE_X(d, s)                                                                \
+	do {                                                                            \
+		const int k_ = (s) * TC_KS + chunk * 8;                                 \
+		const bool in_ = k_ < cols;                                             \
+		_Pragma("unroll") for (int i = 0; i < NI; i++) {                        \
+			const int j_ = sub + 4 * i;                                     \
+			const __half *xp_ = x + (size_t)j_ * ldx + k_;                  \
+			xr[d][i] = in_ && j_ < n ? __ldg((const uint4 *)xp_) :          \
+						   make_uint4(0, 0, 0, 0);              \
+			if (SILU)                                                       \
+				xu[SILU ? d : 0][SILU ? i : 0] =                        \
+					in_ && j_ < n ?                                 \
+						__ldg((const uint4 *)(xp_ + cols)) :    \
+						make_uint4(0, 0, 0, 0);                 \
+		}                                                                       \
 	} while (0)
-#define TC_ISSUE(d, s)                                                                             \
-	do {                                                                                       \
-		TC_ISSUE_W(d, s);                                                                  \
-		TC_ISSUE_X(d, s);                                                                  \
+#define TC_ISSUE(d, s)                                                                  \
+	do {                                                                            \
+		TC_ISSUE_W(d, s);                                                       \
+		TC_ISSUE_X(d, s);                                                       \
 	} while (0)
 
 #pragma unroll
@@ -405,7 +407,8 @@ static __global__ void __launch_bounds__(WARPS * 32,
 
 #pragma unroll
 			for (int v = 0; v < WARPS; v++)
-				sum += ((const float *)(tc_smem + v * tc_warp<MT>::bytes))[rr * 16 + j];
+				sum += ((const float *)(tc_smem +
+							v * tc_warp<MT>::bytes))[rr * 16 + j];
 			mine[idx] = sum;
 		}
 		__threadfence();
@@ -523,9 +526,8 @@ static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 		sp = gemv_split(c, tiles, *res * c->n_sm, (cols + TC_KS - 1) / TC_KS, WARPS, MT,
 				SILU);
 		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
-					  dim3((unsigned)tiles, (unsigned)sp), dim3(WARPS * 32),
-					  smem, y, y_f32, x, w, rows, cols, n, c->gemv_part,
-					  c->gemv_count);
+				 dim3((unsigned)tiles, (unsigned)sp), dim3(WARPS * 32), smem, y,
+				 y_f32, x, w, rows, cols, n, c->gemv_part, c->gemv_count);
 	}
 }
 

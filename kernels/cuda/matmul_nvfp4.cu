@@ -694,9 +694,10 @@ static void fp4_dot_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 			return;
 		attr_set |= bit;
 	}
-	sm70__launch_pdl(c, SM70__PDL_PREFETCH, fp4_dot_kernel<NR, T, PF>, dim3((n_tiles + T - 1) / T),
-			 dim3(FP4_WARPS * 32), smem, y, y_f32, x, (const uint4 *)w->data,
-			 (const uint16_t *)w->scale, w->rows, w->cols, w->scale2, w->row_scale2);
+	sm70__launch_pdl(c, SM70__PDL_PREFETCH, fp4_dot_kernel<NR, T, PF>,
+			 dim3((n_tiles + T - 1) / T), dim3(FP4_WARPS * 32), smem, y, y_f32, x,
+			 (const uint4 *)w->data, (const uint16_t *)w->scale, w->rows, w->cols,
+			 w->scale2, w->row_scale2);
 }
 
 /* Tile-steps in flight a warp: 8 at one or two rows of x, 4 at three or four (their

@@ -187,7 +187,7 @@ static __global__ void __launch_bounds__(RT * KS * 32, EX_MIN_BLOCKS(NI, PF, RT 
 		}
 
 		if (MODE == EX_DOWN)
-			sm70__pdl_enter(); /* mid comes from gate_up (again on later passes: a no-op) */
+			sm70__pdl_enter(); /* mid comes from gate_up (later passes: a no-op) */
 		for (int g = blockIdx.x; g < groups; g += gridDim.x) {
 			wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
 
@@ -309,8 +309,8 @@ static void ex_launch(struct sm70__cuda *c, const struct ex_args &a, int slots, 
 	if (gx > groups)
 		gx = groups;
 	sm70__launch_pdl(c, MODE == EX_DOWN ? SM70__PDL_EXPERTS : SM70__PDL_MOE,
-			     experts_tc_kernel<MODE, NI, RT, KS, PF>, dim3(gx, slots),
-			     dim3(RT * KS * 32), (size_t)(RT * KS * EX_WARP_BYTES), a);
+			 experts_tc_kernel<MODE, NI, RT, KS, PF>, dim3(gx, slots),
+			 dim3(RT * KS * 32), (size_t)(RT * KS * EX_WARP_BYTES), a);
 }
 
 template <int MODE, int NI>
@@ -539,7 +539,7 @@ extern "C" void sm70__cuda_moe_experts(struct sm70_backend *be, void *out, const
 	blocks = (int)(((size_t)n * H + 255) / 256);
 	if (blocks > 4 * c->n_sm)
 		blocks = 4 * c->n_sm;
-	sm70__launch_pdl(c, SM70__PDL_MOE, combine_kernel, dim3(blocks), dim3(256), 0, (__half *)out, part, n, k,
-			 H);
+	sm70__launch_pdl(c, SM70__PDL_MOE, combine_kernel, dim3(blocks), dim3(256), 0,
+			 (__half *)out, part, n, k, H);
 	SM70_CUDA_LAUNCHED(be, "combine_kernel");
 }

@@ -363,8 +363,8 @@ static void fx_launch(struct sm70__cuda *c, const struct fx_args &a, int slots, 
 	if (gx > groups)
 		gx = groups;
 	sm70__launch_pdl(c, MODE == FX_DOWN ? SM70__PDL_EXPERTS : SM70__PDL_MOE,
-			     fx_grouped_kernel<MODE, NI, RT, KS, PF>, dim3(gx, slots),
-			     dim3(FX_WARPS * 32), (size_t)(FX_WARPS * FX_WARP_BYTES), a);
+			 fx_grouped_kernel<MODE, NI, RT, KS, PF>, dim3(gx, slots),
+			 dim3(FX_WARPS * 32), (size_t)(FX_WARPS * FX_WARP_BYTES), a);
 }
 
 /*

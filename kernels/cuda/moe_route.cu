@@ -270,16 +270,17 @@ static void route_launch(struct sm70__cuda *c, const struct sm70_moe_route *r,
 			 const float *logits, int ld, int n, int E, int k, int renorm)
 {
 	if (n <= ROUTE_FUSE_MAX) {
-		sm70__launch_pdl(c, SM70__PDL_MOE, route_group_kernel<VPL>, dim3(1), dim3(GROUP_THREADS), 0,
-				 logits, ld, n, E, k, renorm, r->ids, r->w, r->order, r->used,
-				 r->used_first, r->n_used);
+		sm70__launch_pdl(c, SM70__PDL_MOE, route_group_kernel<VPL>, dim3(1),
+				 dim3(GROUP_THREADS), 0, logits, ld, n, E, k, renorm, r->ids, r->w,
+				 r->order, r->used, r->used_first, r->n_used);
 		return;
 	}
 	sm70__launch_pdl(c, SM70__PDL_MOE, route_rows_kernel<VPL>,
 			 dim3((n + ROUTE_ROW_WARPS - 1) / ROUTE_ROW_WARPS),
 			 dim3(ROUTE_ROW_WARPS * 32), 0, logits, ld, n, E, k, renorm, r->ids, r->w);
-	sm70__launch_pdl(c, SM70__PDL_MOE, route_group_kernel<0>, dim3(1), dim3(GROUP_THREADS), 0, logits, ld, n,
-			 E, k, renorm, r->ids, r->w, r->order, r->used, r->used_first, r->n_used);
+	sm70__launch_pdl(c, SM70__PDL_MOE, route_group_kernel<0>, dim3(1), dim3(GROUP_THREADS), 0,
+			 logits, ld, n, E, k, renorm, r->ids, r->w, r->order, r->used,
+			 r->used_first, r->n_used);
 }
 
 /* See backend.h. Takes n_experts <= 512 and k <= 32 (other sizes are refused through
@@ -294,8 +295,8 @@ extern "C" void sm70__cuda_moe_route(struct sm70_backend *be, const struct sm70_
 	const int E = n_experts;
 
 	if (n <= 0 || k < 1 || k > E || ld < E) {
-		sm70__launch_pdl(c, SM70__PDL_MOE, route_empty_kernel, dim3(1), dim3(1), 0, route->used_first,
-				 route->n_used);
+		sm70__launch_pdl(c, SM70__PDL_MOE, route_empty_kernel, dim3(1), dim3(1), 0,
+				 route->used_first, route->n_used);
 		SM70_CUDA_LAUNCHED(be, "route_empty_kernel");
 		return;
 	}

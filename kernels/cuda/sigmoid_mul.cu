@@ -74,13 +74,13 @@ extern "C" void sm70__cuda_sigmoid_mul(struct sm70_backend *be, void *x, const v
 	if (bx > 64)
 		bx = 64;
 	if (v == 8)
-		sm70__launch_pdl(c, SM70__PDL_ACT, sigmoid_mul_kernel<8>, dim3(bx, n), dim3(threads), 0,
-				 (__half *)x, (const __half *)gate, ld, dim);
+		sm70__launch_pdl(c, SM70__PDL_ACT, sigmoid_mul_kernel<8>, dim3(bx, n),
+				 dim3(threads), 0, (__half *)x, (const __half *)gate, ld, dim);
 	else if (v == 2)
-		sm70__launch_pdl(c, SM70__PDL_ACT, sigmoid_mul_kernel<2>, dim3(bx, n), dim3(threads), 0,
-				 (__half *)x, (const __half *)gate, ld, dim);
+		sm70__launch_pdl(c, SM70__PDL_ACT, sigmoid_mul_kernel<2>, dim3(bx, n),
+				 dim3(threads), 0, (__half *)x, (const __half *)gate, ld, dim);
 	else
-		sm70__launch_pdl(c, SM70__PDL_ACT, sigmoid_mul_kernel<1>, dim3(bx, n), dim3(threads), 0,
-				 (__half *)x, (const __half *)gate, ld, dim);
+		sm70__launch_pdl(c, SM70__PDL_ACT, sigmoid_mul_kernel<1>, dim3(bx, n),
+				 dim3(threads), 0, (__half *)x, (const __half *)gate, ld, dim);
 	SM70_CUDA_LAUNCHED(be, "sigmoid_mul_kernel");
 }

@@ -64,10 +64,10 @@ extern "C" void sm70__cuda_sigmoid_scale_add(struct sm70_backend *be, void *out,
 	if (bx > 64)
 		bx = 64;
 	if (v == 2)
-		sm70__launch_pdl(c, SM70__PDL_ACT, sigmoid_scale_add_kernel<2>, dim3(bx, n), dim3(threads), 0,
-				 (__half *)out, (const __half *)x, gate, ld, dim);
+		sm70__launch_pdl(c, SM70__PDL_ACT, sigmoid_scale_add_kernel<2>, dim3(bx, n),
+				 dim3(threads), 0, (__half *)out, (const __half *)x, gate, ld, dim);
 	else
-		sm70__launch_pdl(c, SM70__PDL_ACT, sigmoid_scale_add_kernel<1>, dim3(bx, n), dim3(threads), 0,
-				 (__half *)out, (const __half *)x, gate, ld, dim);
+		sm70__launch_pdl(c, SM70__PDL_ACT, sigmoid_scale_add_kernel<1>, dim3(bx, n),
+				 dim3(threads), 0, (__half *)out, (const __half *)x, gate, ld, dim);
 	SM70_CUDA_LAUNCHED(be, "sigmoid_scale_add_kernel");
 }

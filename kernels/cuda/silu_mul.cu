@@ -35,7 +35,7 @@ extern "C" void sm70__cuda_silu_mul(struct sm70_backend *be, void *out, const vo
 		return;
 	if (bx > 64)
 		bx = 64;
-	sm70__launch_pdl(c, SM70__PDL_ACT, silu_mul_kernel, dim3(bx, n), dim3(threads), 0, (__half *)out,
-			 (const __half *)gate_up, inter);
+	sm70__launch_pdl(c, SM70__PDL_ACT, silu_mul_kernel, dim3(bx, n), dim3(threads), 0,
+			 (__half *)out, (const __half *)gate_up, inter);
 	SM70_CUDA_LAUNCHED(be, "silu_mul_kernel");
 }
