@@ -223,6 +223,51 @@ static __device__ __forceinline__ void e4m3x16_to_f16_scaled(uint4 in, uint4 &lo
 	hi = make_uint4(dst[4], dst[5], dst[6], dst[7]);
 }
 
+/* The merge folded into the split kernel (SM70_ATTN_FOLD=1): called by every thread of a
+ * split block after its partials are written. The last of the (token, KV head)'s blocks
+ * to arrive merges that head group's G rows with attn_merge_kernel's arithmetic in its
+ * order (so the output is the same bits), using w_s (2 G nsplit floats of the block's
+ * shared memory, free by then), and puts the counter back to 0. One launch less a
+ * layer; the counters are zeroed once at backend creation, not per call. */
+template <int D>
+static __device__ void attn_fold_merge(const struct sm70__attn_args &a, int tok, int kvh,
+				       float *w_s)
+{
+	__shared__ int last;
+	const int G = a.group, ns = a.nsplit, tid = threadIdx.x;
+	const size_t row0 = (size_t)tok * a.n_heads + (size_t)kvh * G;
+
+	__threadfence();
+	__syncthreads();
+	if (tid == 0)
+		last = atomicAdd(&a.count[blockIdx.x], 1) == ns - 1;
+	__syncthreads();
+	if (!last)
+		return;
+	__threadfence();
+	for (int g = tid >> 5; g < G; g += TC_WARPS)
+		attn_merge_weights(a.part + (row0 + g) * ns * ATTN_PR(D), ns, D, w_s + 2 * g * ns);
+	__syncthreads();
+	for (int i = tid; i < G * (D / 4); i += TC_THREADS) {
+		const int g = i / (D / 4), d4 = i - g * (D / 4);
+		const float *pp = a.part + (row0 + g) * ns * ATTN_PR(D) + d4 * 4;
+		const float *w = w_s + 2 * g * ns;
+		float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+		for (int z = 0; z < ns; z++) {
+			const float4 v = __ldcg((const float4 *)(pp + (size_t)z * ATTN_PR(D)));
+
+			o.x += w[z] * v.x;
+			o.y += w[z] * v.y;
+			o.z += w[z] * v.z;
+			o.w += w[z] * v.w;
+		}
+		attn_store4(a.out + (row0 + g) * D + d4 * 4, o);
+	}
+	if (tid == 0)
+		a.count[blockIdx.x] = 0;
+}
+
 /* One block of 8 warps per (token, KV head, split), TP positions a tile, NPF tiles loaded
  * ahead into registers. */
 template <int D, bool FP8, int TP, int NPF>
@@ -469,6 +514,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 			pp[j] = j == D ? m_s[g] * 0.6931471805599453f :
 				j == D + 1 ? l_s[g] : o_s[g * OS + j] * a.v_mul;
 		}
+		if (a.count)
+			attn_fold_merge<D>(a, tok, kvh, (float *)sm);
 	}
 }
 
@@ -508,11 +555,15 @@ static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_
 	 * a second partial wave would cost a whole block's time). */
 	sm70__attn_size_split(c, &a, n_tokens, D, max_pos, (long)resident * c->n_sm / blocks, TP,
 			      TP);
+	/* fold the merge in when asked and the counters and the weights' shared memory hold */
+	if (c->attn_count && a.nsplit > 1 && blocks <= SM70__CUDA_ATTN_COUNTERS &&
+	    (size_t)2 * a.group * a.nsplit * sizeof(float) <= smem)
+		a.count = c->attn_count;
 	sm70__launch_pdl(c, SM70__PDL_ATTN, attn_tc_kernel<D, FP8, TP, NPF>,
 			 dim3((unsigned)blocks, a.nsplit), dim3(TC_THREADS), smem, a);
 	if (SM70_CUDA_LAUNCHED(&c->be, "attn_tc_kernel"))
 		return -EIO;
-	if (a.nsplit > 1)
+	if (a.nsplit > 1 && !a.count)
 		return attn_merge_launch(c, a, n_tokens, D);
 	return 0;
 }

@@ -49,6 +49,9 @@ struct sm70__attn_args {
 	int chunk;  /* rows per split (a multiple of the tile) */
 	int nsplit; /* 1: write out directly; else partials into part */
 	float *part;
+	/* the tensor-core decode kernel only: non-NULL, the last split block of each (token,
+	 * KV head) to finish merges the partials itself (counters that start and end at 0) */
+	int32_t *count;
 };
 
 /*
@@ -517,6 +520,7 @@ static inline int sm70__attn_args_make(struct sm70__attn_args *a, struct sm70__c
 	a->chunk = 0;
 	a->nsplit = 1;
 	a->part = NULL;
+	a->count = NULL;
 	return 0;
 }
 

@@ -209,6 +209,8 @@ static void cuda_release(struct sm70__cuda *c)
 		SM70_CUDA_CHECK(be, cudaFree(c->gemv_count));
 	if (c->attn_part)
 		SM70_CUDA_CHECK(be, cudaFree(c->attn_part));
+	if (c->attn_count)
+		SM70_CUDA_CHECK(be, cudaFree(c->attn_count));
 	if (c->blas)
 		SM70_CUBLAS_CHECK(be, cublasDestroy(c->blas));
 	if (c->blas_ws)
@@ -472,6 +474,22 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 		c->sample_scratch = NULL;
 	}
 
+	/* SM70_ATTN_FOLD=1: the split attention merges in its last block (attention.cu); not
+	 * yet measured, so off by default */
+	if (getenv("SM70_ATTN_FOLD") && strcmp(getenv("SM70_ATTN_FOLD"), "1") == 0) {
+		if (cudaMalloc(&c->attn_count, SM70__CUDA_ATTN_COUNTERS * sizeof(int32_t)) !=
+			    cudaSuccess ||
+		    cudaMemset(c->attn_count, 0, SM70__CUDA_ATTN_COUNTERS * sizeof(int32_t)) !=
+			    cudaSuccess) {
+			cudaGetLastError();
+			if (c->attn_count)
+				cudaFree(c->attn_count);
+			c->attn_count = NULL;
+		}
+		fprintf(stderr, "sm70 cuda: SM70_ATTN_FOLD=1: %s\n",
+			c->attn_count ? "attention merges in its last split block" :
+					"no memory for the counters; separate merge");
+	}
 	/* without them every GEMV runs unsplit (slower on some shapes); SM70_GEMV_SPLIT=0
 	 * asks for that, the path back */
 	if (getenv("SM70_GEMV_SPLIT") && strcmp(getenv("SM70_GEMV_SPLIT"), "0") == 0)

@@ -33,6 +33,10 @@ extern "C" {
  * ops never allocate. Attention uses fewer splits when a batch would need more. */
 #define SM70__CUDA_ATTN_PART_BYTES (16u << 20)
 
+/* Arrival counters of the folded attention merge (SM70_ATTN_FOLD=1, attention.cu), one
+ * per (token, KV head) of a launch; zeroed once at create, every call leaves them at 0. */
+#define SM70__CUDA_ATTN_COUNTERS 16384
+
 /* The sample op's row barriers, partial lists and histograms (sample.cu); zeroed once at
  * create, and each call leaves its barrier counters at zero again. */
 #define SM70__CUDA_SAMPLE_SCRATCH_BYTES (8u << 20)
@@ -75,6 +79,7 @@ struct sm70__cuda {
 	int nvfp4_variant;        /* SM70_NVFP4_VARIANT: matmul_nvfp4.cu's kernel choice, 0 auto */
 	int attn_ref;             /* SM70_ATTENTION=reference */
 	float *attn_part;         /* split-KV partials, SM70__CUDA_ATTN_PART_BYTES */
+	int32_t *attn_count;      /* SM70_ATTN_FOLD=1: SM70__CUDA_ATTN_COUNTERS, else NULL */
 	void *sample_scratch;     /* SM70__CUDA_SAMPLE_SCRATCH_BYTES, zeroed; NULL: reference */
 	int sample_ref;           /* SM70_SAMPLER=reference */
 	float *gemv_part;         /* SM70__CUDA_GEMV_PART_BYTES; NULL (or SM70_GEMV_SPLIT=0):
