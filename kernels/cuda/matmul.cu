@@ -531,11 +531,11 @@ static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 	}
 }
 
-/* Warps per block: 8, or with SM70_GEMV_WARPS=4 (every plain GEMV) or =auto (those whose
- * row tiles fit in one wave of 4-warp blocks but not of 8-warp ones: the 5120-row
- * matrices of Qwen3.5-27B) blocks of 4 warps, twice as many resident. An experiment
- * for the next measurement (docs/PERFORMANCE.md, "Where a step goes"); the default is
- * the measured 8. */
+/* Warps per block: 8, or with SM70_GEMV_WARPS=4 (every plain GEMV of one tile a warp and
+ * up to 8 rows of x) or =auto (those of them whose row tiles fit in one wave of 4-warp
+ * blocks but not of 8-warp ones: the 5120-row matrices of Qwen3.5-27B, the 8B qkv)
+ * blocks of 4 warps, twice as many resident. An experiment for the next measurement
+ * (docs/PERFORMANCE.md, "Ready for the next measurement"); the default is the measured 8. */
 static int gemv_warps(const struct sm70__cuda *c, int tiles)
 {
 	if (c->gemv_warps == 4)
@@ -543,6 +543,21 @@ static int gemv_warps(const struct sm70__cuda *c, int tiles)
 	if (c->gemv_warps == -1) /* auto: the one-wave rule, at two and four blocks an SM */
 		return tiles > 2 * c->n_sm && tiles <= 4 * c->n_sm ? 4 : 8;
 	return 8;
+}
+
+/* 4-warp blocks exist only where the experiment above can pick them (one tile a warp, up
+ * to 8 rows of x): each instance of the kernel is compiled for every target. */
+template <int MT, int NI, bool SILU>
+static void gemv_tc_pick(struct sm70__cuda *c, int four, void *y, int y_f32, const __half *x,
+			 const __half *w, int rows, int cols, int n)
+{
+	if constexpr (!SILU && MT == 1 && NI <= 2) {
+		if (four) {
+			gemv_tc_launch<MT, NI, SILU, 4>(c, y, y_f32, x, w, rows, cols, n);
+			return;
+		}
+	}
+	gemv_tc_launch<MT, NI, SILU, 8>(c, y, y_f32, x, w, rows, cols, n);
 }
 
 /* Two 16-row tiles a warp (half the x re-reads) when that still gives four blocks an SM;
@@ -554,13 +569,7 @@ static void gemv_tc_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __h
 	const int mt2 = (rows + 31) / 32 >= 4 * c->n_sm;
 	const int four = !SILU && gemv_warps(c, mt2 ? (rows + 31) / 32 : (rows + 15) / 16) == 4;
 
-#define GEMV_TC(MT, NI)                                                                  \
-	do {                                                                             \
-		if (four)                                                                \
-			gemv_tc_launch<MT, NI, SILU, 4>(c, y, y_f32, x, w, rows, cols, n); \
-		else                                                                     \
-			gemv_tc_launch<MT, NI, SILU, 8>(c, y, y_f32, x, w, rows, cols, n); \
-	} while (0)
+#define GEMV_TC(MT, NI) gemv_tc_pick<MT, NI, SILU>(c, four, y, y_f32, x, w, rows, cols, n)
 	switch ((n + 3) / 4 + (mt2 ? 4 : 0)) {
 	case 1: GEMV_TC(1, 1); break;
 	case 2: GEMV_TC(1, 2); break;
