@@ -103,6 +103,16 @@ static __device__ void attn_merge_weights(const float *pb, int ns, int D, float 
 		w_s[z] *= l;
 }
 
+/* o += w * v: the merge's one accumulation, shared by the merge kernel and the folded
+ * merge so that both give the same bits. */
+static __device__ __forceinline__ void attn_merge_add(float4 &o, float w, float4 v)
+{
+	o.x += w * v.x;
+	o.y += w * v.y;
+	o.z += w * v.z;
+	o.w += w * v.w;
+}
+
 static __device__ __forceinline__ void attn_store4(__half *o, float4 v)
 {
 	((__half2 *)o)[0] = __floats2half2_rn(v.x, v.y);
@@ -136,24 +146,12 @@ static __global__ void attn_merge_kernel(__half *__restrict__ out,
 		return;
 #pragma unroll
 	for (int z = 0; z < MERGE_PF; z++) {
-		if (z < nsplit) {
-			const float w = w_s[z];
-
-			o.x += w * pre[z].x;
-			o.y += w * pre[z].y;
-			o.z += w * pre[z].z;
-			o.w += w * pre[z].w;
-		}
+		if (z < nsplit)
+			attn_merge_add(o, w_s[z], pre[z]);
 	}
-	for (int z = MERGE_PF; z < nsplit; z++) {
-		const float4 v = __ldcg((const float4 *)(pp + tid * 4 + (size_t)z * ATTN_PR(D)));
-		const float w = w_s[z];
-
-		o.x += w * v.x;
-		o.y += w * v.y;
-		o.z += w * v.z;
-		o.w += w * v.w;
-	}
+	for (int z = MERGE_PF; z < nsplit; z++)
+		attn_merge_add(o, w_s[z],
+			       __ldcg((const float4 *)(pp + tid * 4 + (size_t)z * ATTN_PR(D))));
 	attn_store4(out + (size_t)blockIdx.x * D + tid * 4, o);
 }
 
@@ -254,14 +252,8 @@ static __device__ void attn_fold_merge(const struct sm70__attn_args &a, int tok,
 		const float *w = w_s + 2 * g * ns;
 		float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
-		for (int z = 0; z < ns; z++) {
-			const float4 v = __ldcg((const float4 *)(pp + (size_t)z * ATTN_PR(D)));
-
-			o.x += w[z] * v.x;
-			o.y += w[z] * v.y;
-			o.z += w[z] * v.z;
-			o.w += w[z] * v.w;
-		}
+		for (int z = 0; z < ns; z++)
+			attn_merge_add(o, w[z], __ldcg((const float4 *)(pp + (size_t)z * ATTN_PR(D))));
 		attn_store4(a.out + (row0 + g) * D + d4 * 4, o);
 	}
 	if (tid == 0)

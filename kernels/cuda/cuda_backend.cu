@@ -284,12 +284,32 @@ static const struct sm70_backend_ops cuda_ops = {
 	.graph_destroy = sm70__cuda_graph_destroy,
 };
 
-/* 1 when the environment variable `name` says "reference" (the named path back). */
-static int wants_reference(const char *name)
+/* 1 when the environment variable `name` is set to exactly `value`. */
+static int env_is(const char *name, const char *value)
 {
 	const char *v = getenv(name);
 
-	if (!v || strcmp(v, "reference") != 0)
+	return v && strcmp(v, value) == 0;
+}
+
+/* `bytes` of zeroed device memory, or NULL (the error cleared: the caller's op then takes
+ * its plain path). */
+static void *device_zeroed(size_t bytes)
+{
+	void *p = NULL;
+
+	if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0, bytes) != cudaSuccess) {
+		cudaGetLastError();
+		cudaFree(p);
+		return NULL;
+	}
+	return p;
+}
+
+/* 1 when the environment variable `name` says "reference" (the named path back). */
+static int wants_reference(const char *name)
+{
+	if (!env_is(name, "reference"))
 		return 0;
 	fprintf(stderr, "sm70 cuda: %s=reference: using the reference kernel\n", name);
 	return 1;
@@ -456,54 +476,36 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	c->sample_ref = wants_reference("SM70_SAMPLER");
 	c->pdl = prop.major >= 9 ? want_pdl() : 0;
 	c->gemv_warps = 8;
-	if (getenv("SM70_GEMV_WARPS")) {
-		const char *v = getenv("SM70_GEMV_WARPS");
-
-		c->gemv_warps = strcmp(v, "4") == 0 ? 4 : strcmp(v, "auto") == 0 ? -1 : 8;
-		fprintf(stderr, "sm70 cuda: SM70_GEMV_WARPS=%s: %s\n", v,
-			c->gemv_warps == 4    ? "4-warp GEMV blocks" :
-			c->gemv_warps == -1 ? "4-warp GEMV blocks where they fit one wave" :
-					      "8-warp GEMV blocks (4 and auto are the others)");
-	}
-	/* without its scratch the sample op runs its reference kernel */
-	if (cudaMalloc(&c->sample_scratch, SM70__CUDA_SAMPLE_SCRATCH_BYTES) != cudaSuccess ||
-	    cudaMemset(c->sample_scratch, 0, SM70__CUDA_SAMPLE_SCRATCH_BYTES) != cudaSuccess) {
-		cudaGetLastError();
-		if (c->sample_scratch)
-			cudaFree(c->sample_scratch);
-		c->sample_scratch = NULL;
-	}
-
-	/* SM70_ATTN_FOLD=1: the split attention merges in its last block (attention.cu); not
-	 * yet measured, so off by default */
-	if (getenv("SM70_ATTN_FOLD") && strcmp(getenv("SM70_ATTN_FOLD"), "1") == 0) {
-		if (cudaMalloc(&c->attn_count, SM70__CUDA_ATTN_COUNTERS * sizeof(int32_t)) !=
-			    cudaSuccess ||
-		    cudaMemset(c->attn_count, 0, SM70__CUDA_ATTN_COUNTERS * sizeof(int32_t)) !=
-			    cudaSuccess) {
-			cudaGetLastError();
-			if (c->attn_count)
-				cudaFree(c->attn_count);
-			c->attn_count = NULL;
-		}
+	if (env_is("SM70_GEMV_WARPS", "4"))
+		c->gemv_warps = 4;
+	else if (env_is("SM70_GEMV_WARPS", "auto"))
+		c->gemv_warps = -1;
+	if (c->gemv_warps != 8)
+		fprintf(stderr, "sm70 cuda: SM70_GEMV_WARPS: %s\n",
+			c->gemv_warps == 4 ? "4-warp GEMV blocks" :
+					     "4-warp GEMV blocks where they fit one wave");
+	/* Optional scratch: without it an op takes its plain path. The sample op's (else its
+	 * reference kernel); SM70_ATTN_FOLD=1's merge counters (not yet measured, so off by
+	 * default; else the separate merge); the split GEMVs' partials and counters (else
+	 * every GEMV runs unsplit; SM70_GEMV_SPLIT=0 asks for that, the path back). */
+	c->sample_scratch = device_zeroed(SM70__CUDA_SAMPLE_SCRATCH_BYTES);
+	if (env_is("SM70_ATTN_FOLD", "1")) {
+		c->attn_count = (int32_t *)device_zeroed(SM70__CUDA_ATTN_COUNTERS * sizeof(int32_t));
 		fprintf(stderr, "sm70 cuda: SM70_ATTN_FOLD=1: %s\n",
 			c->attn_count ? "attention merges in its last split block" :
 					"no memory for the counters; separate merge");
 	}
-	/* without them every GEMV runs unsplit (slower on some shapes); SM70_GEMV_SPLIT=0
-	 * asks for that, the path back */
-	if (getenv("SM70_GEMV_SPLIT") && strcmp(getenv("SM70_GEMV_SPLIT"), "0") == 0)
+	if (env_is("SM70_GEMV_SPLIT", "0")) {
 		fprintf(stderr, "sm70 cuda: SM70_GEMV_SPLIT=0: GEMVs never split their columns\n");
-	else if (cudaMalloc(&c->gemv_part, SM70__CUDA_GEMV_PART_BYTES) != cudaSuccess ||
-	    cudaMalloc(&c->gemv_count, SM70__CUDA_GEMV_TILES * sizeof(int32_t)) != cudaSuccess ||
-	    cudaMemset(c->gemv_count, 0, SM70__CUDA_GEMV_TILES * sizeof(int32_t)) != cudaSuccess) {
-		cudaGetLastError();
-		if (c->gemv_part)
+	} else {
+		c->gemv_part = (float *)device_zeroed(SM70__CUDA_GEMV_PART_BYTES);
+		c->gemv_count = (int32_t *)device_zeroed(SM70__CUDA_GEMV_TILES * sizeof(int32_t));
+		if (!c->gemv_part || !c->gemv_count) {
 			cudaFree(c->gemv_part);
-		if (c->gemv_count)
 			cudaFree(c->gemv_count);
-		c->gemv_part = NULL;
-		c->gemv_count = NULL;
+			c->gemv_part = NULL;
+			c->gemv_count = NULL;
+		}
 	}
 
 	c->be.ops = &cuda_ops;

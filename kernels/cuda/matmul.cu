@@ -264,6 +264,19 @@ static __device__ __forceinline__ uint4 silu_mul8(uint4 g, uint4 u)
  * at NI = 1, and one block an SM at NI = 4 (145 registers on sm_90; capped at 128 it
  * spills).
  */
+/* Element idx (row rr * 16 + x row j) of a block's tile summed over its WARPS warps'
+ * stages, in warp order. */
+template <int MT, int WARPS>
+static __device__ __forceinline__ float tc_block_sum(const unsigned char *smem, int rr, int j)
+{
+	float sum = 0.0f;
+
+#pragma unroll
+	for (int v = 0; v < WARPS; v++)
+		sum += ((const float *)(smem + v * tc_warp<MT>::bytes))[rr * 16 + j];
+	return sum;
+}
+
 template <int MT, int NI, int WARPS, int PF, bool SILU>
 static __global__ void __launch_bounds__(WARPS * 32,
 					 (MT == 1 ? (SILU && NI >= 4 ? 1 : 2) : NI >= 3 ? 1 : 2) *
@@ -403,13 +416,8 @@ static __global__ void __launch_bounds__(WARPS * 32,
 
 		for (int idx = threadIdx.x; idx < n * 16 * MT; idx += WARPS * 32) {
 			const int j = idx / (16 * MT), rr = idx - j * (16 * MT);
-			float sum = 0.0f;
 
-#pragma unroll
-			for (int v = 0; v < WARPS; v++)
-				sum += ((const float *)(tc_smem +
-							v * tc_warp<MT>::bytes))[rr * 16 + j];
-			mine[idx] = sum;
+			mine[idx] = tc_block_sum<MT, WARPS>(tc_smem, rr, j);
 		}
 		__threadfence();
 		__syncthreads();
@@ -439,13 +447,11 @@ static __global__ void __launch_bounds__(WARPS * 32,
 	}
 	for (int idx = threadIdx.x; idx < n * 16 * MT; idx += WARPS * 32) {
 		const int j = idx / (16 * MT), rr = idx - j * (16 * MT);
-		float sum = 0.0f;
+		float sum;
 
 		if (r0 + rr >= rows)
 			continue;
-#pragma unroll
-		for (int v = 0; v < WARPS; v++)
-			sum += ((const float *)(tc_smem + v * tc_warp<MT>::bytes))[rr * 16 + j];
+		sum = tc_block_sum<MT, WARPS>(tc_smem, rr, j);
 		if (y_f32)
 			((float *)y)[(size_t)j * rows + r0 + rr] = sum;
 		else
