@@ -253,7 +253,8 @@ static __device__ void attn_fold_merge(const struct sm70__attn_args &a, int tok,
 		float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
 		for (int z = 0; z < ns; z++)
-			attn_merge_add(o, w[z], __ldcg((const float4 *)(pp + (size_t)z * ATTN_PR(D))));
+			attn_merge_add(o, w[z],
+				       __ldcg((const float4 *)(pp + (size_t)z * ATTN_PR(D))));
 		attn_store4(a.out + (row0 + g) * D + d4 * 4, o);
 	}
 	if (tid == 0)

@@ -490,7 +490,8 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	 * every GEMV runs unsplit; SM70_GEMV_SPLIT=0 asks for that, the path back). */
 	c->sample_scratch = device_zeroed(SM70__CUDA_SAMPLE_SCRATCH_BYTES);
 	if (env_is("SM70_ATTN_FOLD", "1")) {
-		c->attn_count = (int32_t *)device_zeroed(SM70__CUDA_ATTN_COUNTERS * sizeof(int32_t));
+		c->attn_count =
+			(int32_t *)device_zeroed(SM70__CUDA_ATTN_COUNTERS * sizeof(int32_t));
 		fprintf(stderr, "sm70 cuda: SM70_ATTN_FOLD=1: %s\n",
 			c->attn_count ? "attention merges in its last split block" :
 					"no memory for the counters; separate merge");
