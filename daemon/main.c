@@ -321,7 +321,7 @@ static void export_fast_paths(const struct sm70__config *c)
 		setenv("SM70_ALLREDUCE",
 		       strcmp(c->fast_paths.allreduce, "reference") ? "auto" : "nccl", 1);
 	if (c->fast_paths.overlap[0])
-		setenv("SM70_PDL", strcmp(c->fast_paths.overlap, "reference") ? "prefetch" : "0", 1);
+		setenv("SM70_PDL", strcmp(c->fast_paths.overlap, "reference") ? "prefetch,experts" : "0", 1);
 	if (c->fast_paths.gemv_split[0])
 		setenv("SM70_GEMV_SPLIT", strcmp(c->fast_paths.gemv_split, "reference") ? "1" : "0",
 		       1);

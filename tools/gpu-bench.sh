@@ -1,7 +1,8 @@
 #!/bin/sh
 # gpu-bench.sh - the standard GPU measurement of one build, in one run: the read bandwidth,
 # the kernel benches, and end-to-end decode on the bench shapes (tools/bench/*) with
-# dummy weights, each beside the paths back (SM70_PDL=0 SM70_GEMV_SPLIT=0) and beside any
+# dummy weights, each beside the paths back (SM70_PDL=0 SM70_GEMV_SPLIT=0 SM70_GEMV_WARPS=8)
+# and beside any
 # variant given, one process per setting. Every figure is printed with the bandwidth
 # measured in the same run; logs go to $OUT (or ./gpu-bench-out).
 #
@@ -14,7 +15,7 @@ B=${BUILD_DIR:-build}
 O=${OUT:-gpu-bench-out}
 quick=0
 variants="-
-SM70_PDL=0 SM70_GEMV_SPLIT=0"
+SM70_PDL=0 SM70_GEMV_SPLIT=0 SM70_GEMV_WARPS=8"
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--quick) quick=1 ;;

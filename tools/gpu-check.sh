@@ -60,13 +60,14 @@ if [ -x "$B/tests/test_fixtures" ]; then
 	run_one fixtures-cuda env SM70_BACKEND=cuda "$B/tests/test_fixtures"
 	run_one fixtures-cuda-eager env SM70_BACKEND=cuda SM70_GRAPHS=0 "$B/tests/test_fixtures"
 	run_one kv-fp8-cuda env SM70_BACKEND=cuda "$B/tests/test_kv_fp8"
-	# the switches not on by default yet: every overlapped-launch kind, 4-warp GEMVs, the
-	# attention merge folded into its split kernel
-	run_one fixtures-cuda-experiments env SM70_BACKEND=cuda SM70_PDL=all SM70_GEMV_WARPS=auto \
+	# the switches not on by default: every overlapped-launch kind, 8-warp GEMVs only (the
+	# path back from auto), the attention merge folded into its split kernel
+	run_one fixtures-cuda-experiments env SM70_BACKEND=cuda SM70_PDL=all SM70_GEMV_WARPS=8 \
 		SM70_ATTN_FOLD=1 \
 		"$B/tests/test_fixtures"
 	run_one fixtures-cuda-reference env SM70_BACKEND=cuda SM70_GRAPHS=0 SM70_MATMUL=reference \
 		SM70_ATTENTION=reference SM70_SAMPLER=reference SM70_FUSED=0 SM70_GDN=reference SM70_MOE=reference SM70_PDL=0 SM70_GEMV_SPLIT=0 \
+		SM70_GEMV_WARPS=8 \
 		"$B/tests/test_fixtures"
 fi
 if [ -x "$B/tests/test_tp" ]; then

@@ -318,7 +318,8 @@ static int wants_reference(const char *name)
 /* Which kinds of launch may overlap (pdl.h): SM70_PDL is a comma-separated list of kinds
  * (prefetch, experts, norm, rope, attention, merge, act, conv, moe, hc, nvfp4, misc),
  * plain (every kind that waits on entry), all, or 0 (none: every launch fully ordered).
- * Unset: prefetch, the kind measured faster (docs/PERFORMANCE.md, "Overlapped launches"). */
+ * Unset: prefetch and experts, the kinds measured faster (docs/PERFORMANCE.md, "Overlapped
+ * launches"). */
 static unsigned want_pdl(void)
 {
 	static const struct {
@@ -338,7 +339,7 @@ static unsigned want_pdl(void)
 	unsigned bits = 0;
 
 	if (!v || !*v)
-		return SM70__PDL_PREFETCH;
+		return SM70__PDL_PREFETCH | SM70__PDL_EXPERTS;
 	for (const char *p = v; *p;) {
 		size_t n = strcspn(p, ",");
 		size_t i;
@@ -475,15 +476,16 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	c->attn_ref = wants_reference("SM70_ATTENTION");
 	c->sample_ref = wants_reference("SM70_SAMPLER");
 	c->pdl = prop.major >= 9 ? want_pdl() : 0;
-	c->gemv_warps = 8;
+	/* 4-warp blocks where they fit one wave: measured faster at B1 (docs/PERFORMANCE.md,
+	 * "Defaults after the first measurement"); SM70_GEMV_WARPS=8 is the path back. */
+	c->gemv_warps = -1;
 	if (env_is("SM70_GEMV_WARPS", "4"))
 		c->gemv_warps = 4;
-	else if (env_is("SM70_GEMV_WARPS", "auto"))
-		c->gemv_warps = -1;
-	if (c->gemv_warps != 8)
-		fprintf(stderr, "sm70 cuda: SM70_GEMV_WARPS: %s\n",
-			c->gemv_warps == 4 ? "4-warp GEMV blocks" :
-					     "4-warp GEMV blocks where they fit one wave");
+	else if (env_is("SM70_GEMV_WARPS", "8"))
+		c->gemv_warps = 8;
+	if (c->gemv_warps != -1)
+		fprintf(stderr, "sm70 cuda: SM70_GEMV_WARPS=%d: %d-warp GEMV blocks\n", c->gemv_warps,
+			c->gemv_warps);
 	/* Optional scratch: without it an op takes its plain path. The sample op's (else its
 	 * reference kernel); SM70_ATTN_FOLD=1's merge counters (not yet measured, so off by
 	 * default; else the separate merge); the split GEMVs' partials and counters (else

@@ -85,7 +85,7 @@ struct sm70__cuda {
 	float *gemv_part;         /* SM70__CUDA_GEMV_PART_BYTES; NULL (or SM70_GEMV_SPLIT=0):
 				   * GEMVs never split their columns */
 	int32_t *gemv_count;      /* SM70__CUDA_GEMV_TILES counters, zero between calls */
-	int gemv_warps;           /* SM70_GEMV_WARPS: 8 (default), 4, or -1 (auto), matmul.cu */
+	int gemv_warps;           /* SM70_GEMV_WARPS: -1 (auto, default), 4 or 8, matmul.cu */
 	unsigned pdl;             /* SM70__PDL_* kinds whose launches may overlap (pdl.h) */
 	void *stage[SM70__CUDA_STAGE_SLOTS];
 	cudaEvent_t stage_done[SM70__CUDA_STAGE_SLOTS];

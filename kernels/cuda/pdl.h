@@ -32,12 +32,12 @@
 #include "kernels/cuda/cuda_check.h"
 
 /* c->pdl bits, one per kind of kernel (SM70_PDL names them, cuda_backend.cu): which
- * launches ask for the overlap. On by default: PREFETCH, the kernels that load weights or
- * state before their wait, measured faster. The others, the "plain" kinds, wait on entry
+ * launches ask for the overlap. On by default: PREFETCH and EXPERTS, the kernels that load
+ * weights or state before their wait, measured faster. The others, the "plain" kinds, wait on entry
  * and gain only their launch latency; together they measured 4% slower at B16, so each
  * can be turned on alone to find which (docs/PERFORMANCE.md, "Overlapped launches"). */
 #define SM70__PDL_PREFETCH (1u << 0) /* GEMVs, the DeltaNet update, the NVFP4 dot kernel */
-#define SM70__PDL_EXPERTS (1u << 1)  /* the MoE down pass (prefetches; not measured yet) */
+#define SM70__PDL_EXPERTS (1u << 1)  /* the MoE down pass (prefetches its experts) */
 #define SM70__PDL_NORM (1u << 2)     /* add_rmsnorm, gated_rmsnorm, group_rmsnorm */
 #define SM70__PDL_ROPE (1u << 3)     /* qk_norm_rope_kv, head_norm_rope, kv_write */
 #define SM70__PDL_ATTN (1u << 4)     /* decode attention */
