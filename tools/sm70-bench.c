@@ -404,6 +404,21 @@ static int run_moe(int iters, const struct ref_bw *bw)
 		printf("%-20s %9.2f %14s %14s %8.2f %8.2f %8.2f %8.2f %8.2f\n", name, q->us, gu, dn,
 		       q->us_pass[2], q->us_var[0], q->us_var[1], q->us_var[2], q->us_var[3]);
 	}
+	printf("\n== MoE gate_up and down alone (graph, us) by warps a tile (SM70_MOE_KS=G,D), "
+	       "and with the fitting rule (SM70_MOE_KS=auto)\n");
+	printf("%-24s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "case", "rule", "ks 1", "ks 2",
+	       "ks 3", "ks 4", "ks 5", "ks 6", "ks 7", "ks 8");
+	for (size_t i = 0; i < 2 * NB; i++) {
+		for (int p = 0; p < 2; p++) {
+			const double *t = r[i].us_ks[p];
+			char name[64];
+
+			snprintf(name, sizeof(name), "moe %s B%d %s", shapes[i / NB].name,
+				 batches[i % NB], p ? "down" : "gate_up");
+			printf("%-24s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", name,
+			       t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]);
+		}
+	}
 	return 0;
 }
 

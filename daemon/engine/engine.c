@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "daemon/engine/block_pool.h"
 #include "daemon/engine/checkpoint.h"
@@ -1017,11 +1018,22 @@ static int is_stop(const struct sm70_engine *e, const struct seq *s, int32_t tok
 	return 0;
 }
 
+/* CLOCK_MONOTONIC in nanoseconds, for the step statistics. */
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 {
 	const struct sm70_model_config *c = &e->model->cfg;
 	int n_ev, T = 0, S = 0, n_out = 0, max_blocks = 1, max_pos = 0;
 	int budget = e->opts.max_batch_tokens;
+	const uint64_t t_step = now_ns();
+	uint64_t t_fwd;
 	struct sm70_step st;
 	int ret;
 
@@ -1096,6 +1108,7 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		.seq_state = e->model->n_state_slots ? e->seq_state : NULL,
 	};
 	e->step_n_out = n_out;
+	t_fwd = now_ns();
 	if (e->model->rank[0].shards)
 		ret = sm70_model_forward_shards(e->model, &st, e->rows, e->shards);
 	else if (e->model->rank[0].sample_out)
@@ -1104,6 +1117,7 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 		ret = sm70_model_forward(e->model, &st, e->logits);
 	if (ret)
 		return ret;
+	e->stats.forward_ns += now_ns() - t_fwd;
 	e->stats.steps++;
 	/* The experts this step's routing read: the counts are on the device, and the step
 	 * has waited for it already (its sampled tokens), so the download waits for nothing
@@ -1169,6 +1183,7 @@ int sm70_engine_step(struct sm70_engine *e, sm70_event_fn fn, void *ctx)
 			seq_destroy(e, s);
 		}
 	}
+	e->stats.step_ns += now_ns() - t_step;
 	return n_ev;
 }
 

@@ -150,6 +150,12 @@ struct sm70_engine_stats {
 	uint64_t graph_replays;   /* decode steps replayed as captured graphs */
 	uint64_t graph_captures;
 	uint64_t shard_fallbacks; /* sharded rows sampled from the gathered row (sampler_tp.h) */
+	/* Wall time of the steps that ran the model, and the part of it spent inside the
+	 * model's forward call (queueing the step, then waiting for its tokens or logits):
+	 * the rest is host work the device waits for (batch building, sampling on the host,
+	 * events), the cost an overlapped next step would hide. */
+	uint64_t step_ns;
+	uint64_t forward_ns;
 	int tp;
 	uint64_t kv_bytes;        /* the KV cache, over all ranks */
 	int state_slots_total;    /* recurrent-state slots (0: the model has no recurrent layers) */

@@ -122,6 +122,8 @@ struct sm70__bench_moe {
 	double us_eager;  /* the same calls queued one by one */
 	double us_var[4]; /* the grouped path's tile variants 1 to 4 (graph) */
 	double us_pass[3]; /* the grouped path's gate_up, down and combine launches alone */
+	double us_ks[2][9]; /* gate_up [0] and down [1] alone with 1..8 warps a tile ([ks]),
+			     * and [0] with the fitting rule (SM70_MOE_KS's choices) */
 	double us_ref;    /* the reference path (SM70_MOE=reference), graph */
 	double us_route;  /* moe_route alone on the same logits, graph */
 	double experts;   /* distinct experts a call reads, the mean over the routings */

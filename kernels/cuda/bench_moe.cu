@@ -319,12 +319,22 @@ extern "C" int sm70__bench_moe(int hidden, int inter, int n_experts, int top_k, 
 		if ((ret = mb_time(&m, mb_experts, 1, iters, &out->us_var[v - 1])))
 			goto out;
 	}
+	for (int p = 0; p < 2; p++) {
+		sm70__cuda_moe_tune(0, 0, 1 << p);
+		for (int ks = 0; ks <= 8; ks++) {
+			sm70__cuda_moe_tune_ks(ks ? ks : -1, ks ? ks : -1);
+			if ((ret = mb_time(&m, mb_experts, 1, iters, &out->us_ks[p][ks])))
+				goto out;
+		}
+	}
+	sm70__cuda_moe_tune_ks(0, 0);
 	sm70__cuda_moe_tune(1, 0, 0);
 	if ((ret = mb_time(&m, mb_experts, 1, iters, &out->us_ref)))
 		goto out;
 	ret = mb_time(&m, mb_route, 1, iters, &out->us_route);
 out:
 	sm70__cuda_moe_tune(-1, 0, 0);
+	sm70__cuda_moe_tune_ks(0, 0);
 	if (c)
 		cudaStreamSynchronize(c->stream);
 	free(oa);

@@ -18,7 +18,10 @@
  *     routing weight folded in, f32.
  *     Both grids give a block a few tile groups (at most `most` of them, and never fewer
  *     blocks than fill every SM's resident places when every slot is used), so the
- *     lookups a block makes before its first load are paid once for several tiles.
+ *     lookups a block makes before its first load are paid once for several tiles. How
+ *     many warps share a tile's columns is chosen at launch from the pass's shape
+ *     (ex_pick_ks): at B1 the split that fills the SMs' places in one round, with many
+ *     tiles a whole row a warp.
  *  3. combine: out[t] = f16(part[t k] + part[t k + 1] + ...), j in order: deterministic,
  *     no atomics, the CPU twin's sum order.
  * The tile kernel is matmul.cu's tensor-core GEMV reshaped: lanes stream 16-byte loads of
@@ -71,26 +74,27 @@ struct ex_args {
 	int E, k, nk;
 	int rows;             /* gate_up: inter (the stack holds 2 inter rows); down: hidden */
 	int cols;             /* the dot length: hidden or inter */
+	int ks;               /* warps a tile, splitting its columns (1 .. EX_MAX_KS) */
 };
 
 /* Launch bounds: 16 warps an SM (128 registers a thread) while the loads in flight,
  * PF * (4 + NI) 16-byte registers a lane, are at most 12; 8 otherwise (capped at 128
- * those spill). */
+ * those spill). A block has RT * ks warps, ks chosen at launch (ex_pick_ks), so the bound
+ * is on the threads an SM holds: one block of all of them gives the same register cap. */
 #define EX_WARPS_SM(NI, PF) ((PF) * (4 + (NI)) > 12 ? 8 : 16)
-#define EX_MIN_BLOCKS(NI, PF, WARPS) \
-	(EX_WARPS_SM(NI, PF) / (WARPS) > 0 ? EX_WARPS_SM(NI, PF) / (WARPS) : 1)
+#define EX_MAX_KS 8
 
 /*
  * One pass of the grouped experts (MODE), NI x row groups of 4 loaded (tokens a pass
- * <= 4 NI), RT row tiles a block, KS warps a tile splitting the columns, PF steps ahead.
+ * <= 4 NI), RT row tiles a block, a.ks warps a tile splitting the columns, PF steps ahead.
  * Lane l loads 16 bytes (8 columns, chunk l % 8) of tile rows l / 8 + 4 i, so one load
  * instruction of a warp reads four whole 128-byte lines. A block keeps its expert and its
  * tokens and walks tile groups blockIdx.x, + gridDim.x, ...: the lookups (n_used, used,
  * used_first, order) are paid once a block, and the next group's first weight steps are
  * in flight while the block adds up and stores the current one.
  */
-template <int MODE, int NI, int RT, int KS, int PF>
-static __global__ void __launch_bounds__(RT * KS * 32, EX_MIN_BLOCKS(NI, PF, RT * KS))
+template <int MODE, int NI, int RT, int PF>
+static __global__ void __launch_bounds__(EX_WARPS_SM(NI, PF) * 32, 1)
 	experts_tc_kernel(const struct ex_args a)
 {
 	/* The routing was written by the route op. For gate_up it is the kernel just ahead,
@@ -104,7 +108,8 @@ static __global__ void __launch_bounds__(RT * KS * 32, EX_MIN_BLOCKS(NI, PF, RT 
 	extern __shared__ __align__(128) unsigned char ex_smem[];
 	__shared__ int tok[EX_TOK];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const int sub = lane >> 3, chunk = lane & 7, ks = warp % KS, rt_w = warp / KS;
+	const int KS = a.ks, ks = warp % KS, rt_w = warp / KS;
+	const int sub = lane >> 3, chunk = lane & 7;
 	const int per_tile = MODE == EX_GATE_UP ? 8 : 16; /* outputs (rows) a tile */
 	const int groups = ((a.rows + per_tile - 1) / per_tile + RT - 1) / RT;
 	const int u = blockIdx.y;
@@ -253,7 +258,9 @@ static __global__ void __launch_bounds__(RT * KS * 32, EX_MIN_BLOCKS(NI, PF, RT 
 				if (out >= a.rows)
 					continue;
 #pragma unroll
-				for (int v = 0; v < KS; v++) {
+				for (int v = 0; v < EX_MAX_KS; v++) {
+					if (v == KS)
+						break;
 					sa += red[v * stride + r * 16 + j];
 					if (MODE == EX_GATE_UP)
 						sb += red[v * stride + (r + 8) * 16 + j];
@@ -272,9 +279,10 @@ static __global__ void __launch_bounds__(RT * KS * 32, EX_MIN_BLOCKS(NI, PF, RT 
 #undef EX_ROWS
 }
 
-/* The tile shapes of one pass: RT tiles a block, KS warps a tile, PF steps ahead, and at
- * most `most` tile groups a block (the grid's x then covers the groups in that many
- * rounds or fewer, with never fewer blocks than the SMs hold at once over the slots). */
+/* The tile shapes of one pass: RT tiles a block, KS warps a tile (0: ex_pick_ks), PF steps
+ * ahead, and at most `most` tile groups a block (the grid's x then covers the groups in
+ * that many rounds or fewer, with never fewer blocks than the SMs hold at once over the
+ * slots). */
 struct ex_shape {
 	int rt, ks, pf, most;
 };
@@ -288,29 +296,109 @@ struct ex_shape {
  */
 #define EX_VARIANTS 5
 static const struct ex_shape ex_variants[EX_VARIANTS][2] = {
-	{ { 1, 4, 2, 4 }, { 1, 4, 2, 4 } },
+	{ { 1, 0, 2, 4 }, { 1, 0, 2, 4 } },
 	{ { 1, 8, 2, 1 }, { 2, 4, 2, 1 } },
 	{ { 1, 8, 4, 4 }, { 2, 4, 3, 4 } },
 	{ { 2, 4, 2, 4 }, { 4, 2, 2, 4 } },
 	{ { 1, 8, 2, 4 }, { 2, 4, 2, 4 } },
 };
 
-template <int MODE, int NI, int RT, int KS, int PF>
-static void ex_launch(struct sm70__cuda *c, const struct ex_args &a, int slots, int most)
+/* Set by sm70__cuda_moe_tune_ks or SM70_MOE_KS=G,D (read once): each pass's warps a tile
+ * instead of its shape's (0: the shape's; -1: the fitting rule of ex_pick_ks). */
+static int tune_ks[2] = { -2, -2 };
+
+static int ex_forced_ks(int mode)
+{
+	if (tune_ks[0] == -2) {
+		const char *v = getenv("SM70_MOE_KS");
+		int g = 0, d = 0;
+
+		tune_ks[0] = tune_ks[1] = 0;
+		if (v && strcmp(v, "auto") == 0) {
+			tune_ks[0] = tune_ks[1] = -1;
+		} else if (v && sscanf(v, "%d,%d", &g, &d) == 2 && g >= 1 && g <= EX_MAX_KS &&
+			   d >= 1 && d <= EX_MAX_KS) {
+			tune_ks[0] = g;
+			tune_ks[1] = d;
+		} else if (v) {
+			fprintf(stderr, "sm70 cuda: SM70_MOE_KS=%s: not auto or G,D (1..%d), "
+					"ignored\n", v, EX_MAX_KS);
+		}
+		if (tune_ks[0])
+			fprintf(stderr, "sm70 cuda: SM70_MOE_KS=%s\n", v);
+	}
+	return tune_ks[mode];
+}
+
+extern "C" void sm70__cuda_moe_tune_ks(int gate_up_ks, int down_ks)
+{
+	tune_ks[0] = gate_up_ks >= -1 && gate_up_ks <= EX_MAX_KS ? gate_up_ks : 0;
+	tune_ks[1] = down_ks >= -1 && down_ks <= EX_MAX_KS ? down_ks : 0;
+}
+
+/*
+ * The fitting rule: the warps a tile (1 .. 8) that make the pass shortest when each of
+ * the units (tile groups x expert slots) takes ceil(steps / ks) + EX_UNIT_COST steps of
+ * its warps and the SMs hold floor(warps / (RT ks)) blocks each: rounds x unit time. At
+ * B1 a pass has few units (Qwen3-Next's gate_up 640 for 528 4-warp places: two rounds,
+ * the second a fifth full), so the split that fills the places matters more than the
+ * steps a warp keeps; with many units, whole rows a warp (ks 1) cost least. The unit
+ * cost was fitted to the sweep in docs/PERFORMANCE.md ("MoE: warps a tile"). The model
+ * fails for gate_up at 9-16 tokens (8 warps an SM: it picks 1, which measured 15-17%
+ * slower than 2 or 3), so that case takes 2. With it the choice was the fastest or within
+ * 2.3% of it in 14 of the 16 cases of the sweep, 4.4 and 6.3% in the other two
+ * (Qwen3-Next's down pass at B8 and B1).
+ */
+#define EX_UNIT_COST 8 /* steps' worth of lookups, staging and the sum a unit costs */
+
+static int ex_pick_ks(const struct sm70__cuda *c, int mode, int rt, int warps_sm, int groups,
+		      int slots, int nsteps)
+{
+	long best = -1;
+	int pick = 1;
+
+	if (mode == EX_GATE_UP && warps_sm < 16)
+		return 2;
+	for (int ks = 1; ks <= EX_MAX_KS; ks++) {
+		const long res = (long)c->n_sm * (warps_sm / (rt * ks));
+		long units = (long)groups * slots, cost;
+
+		if (res == 0)
+			break;
+		cost = (units + res - 1) / res * ((nsteps + ks - 1) / ks + EX_UNIT_COST);
+		if (best < 0 || cost < best) {
+			best = cost;
+			pick = ks;
+		}
+	}
+	return pick;
+}
+
+template <int MODE, int NI, int RT, int PF>
+static void ex_launch(struct sm70__cuda *c, struct ex_args a, int slots, int ks, int most)
 {
 	const int per_tile = MODE == EX_GATE_UP ? 8 : 16;
 	const int groups = ((a.rows + per_tile - 1) / per_tile + RT - 1) / RT;
-	const int resident = EX_MIN_BLOCKS(NI, PF, RT * KS) * c->n_sm;
-	int gx = (groups + most - 1) / most;
+	const int forced = ex_forced_ks(MODE), warps_sm = EX_WARPS_SM(NI, PF);
+	int resident, gx;
 
+	if (forced)
+		ks = forced;
+	if (ks <= 0)
+		ks = ex_pick_ks(c, MODE, RT, warps_sm, groups, slots, (a.cols + EX_KS - 1) / EX_KS);
+	if (RT * ks > warps_sm)
+		ks = warps_sm / RT;
+	a.ks = ks;
+	resident = warps_sm / (RT * ks) * c->n_sm;
+	gx = (groups + most - 1) / most;
 	/* enough blocks for the resident ones when every slot is used */
 	if (gx < (resident + slots - 1) / slots)
 		gx = (resident + slots - 1) / slots;
 	if (gx > groups)
 		gx = groups;
 	sm70__launch_pdl(c, MODE == EX_DOWN ? SM70__PDL_EXPERTS : SM70__PDL_MOE,
-			 experts_tc_kernel<MODE, NI, RT, KS, PF>, dim3(gx, slots),
-			 dim3(RT * KS * 32), (size_t)(RT * KS * EX_WARP_BYTES), a);
+			 experts_tc_kernel<MODE, NI, RT, PF>, dim3(gx, slots), dim3(RT * ks * 32),
+			 (size_t)(RT * ks * EX_WARP_BYTES), a);
 }
 
 template <int MODE, int NI>
@@ -318,15 +406,15 @@ static void ex_pick_shape(struct sm70__cuda *c, const struct ex_args &a, int slo
 {
 	const struct ex_shape s = ex_variants[v][MODE];
 
-#define EX_SHAPE(RT, KS, PF)                                                             \
-	if (s.rt == RT && s.ks == KS && s.pf == PF) {                                    \
-		ex_launch<MODE, NI, RT, KS, PF>(c, a, slots, s.most);                    \
+#define EX_SHAPE(RT, PF)                                                                 \
+	if (s.rt == RT && s.pf == PF) {                                                  \
+		ex_launch<MODE, NI, RT, PF>(c, a, slots, s.ks, s.most);                  \
 		return;                                                                  \
 	}
 	if constexpr (MODE == EX_GATE_UP) {
-		EX_SHAPE(1, 8, 2) EX_SHAPE(1, 8, 4) EX_SHAPE(2, 4, 2) EX_SHAPE(1, 4, 2)
+		EX_SHAPE(1, 2) EX_SHAPE(1, 4) EX_SHAPE(2, 2)
 	} else {
-		EX_SHAPE(2, 4, 2) EX_SHAPE(2, 4, 3) EX_SHAPE(4, 2, 2) EX_SHAPE(1, 4, 2)
+		EX_SHAPE(2, 2) EX_SHAPE(2, 3) EX_SHAPE(4, 2) EX_SHAPE(1, 2)
 	}
 #undef EX_SHAPE
 }

@@ -303,6 +303,7 @@ static const struct ex_shape ex_shapes[] = {
 static void test_moe_experts(void **state)
 {
 	static const int ns[] = { 1, 4, 16, 64 };
+	static const int ex_ks[][2] = { { -1, -1 }, { 1, 8 }, { 3, 5 }, { 8, 3 }, { 6, 7 } };
 
 	for (size_t si = 0; si < sizeof(ex_shapes) / sizeof(ex_shapes[0]); si++) {
 		const struct ex_shape sh = ex_shapes[si];
@@ -346,6 +347,21 @@ static void test_moe_experts(void **state)
 				compare_values(what, og, oc, count, TOL_F16_OUT);
 				if (sh.hidden % 8)
 					break; /* every path is the reference one */
+			}
+			/* variant 0 with other warps a tile (columns split unevenly) and the
+			 * fitting rule; every value of the split takes the same kernel */
+			for (size_t ki = 0; sh.hidden % 8 == 0 && sh.inter % 8 == 0 &&
+					    ki < sizeof(ex_ks) / sizeof(ex_ks[0]); ki++) {
+				sm70__cuda_moe_tune(0, 0, 0);
+				sm70__cuda_moe_tune_ks(ex_ks[ki][0], ex_ks[ki][1]);
+				ex_run(gpu, &bg, &w.gu_g, &w.dn_g, n, sh.k, og);
+				sm70__cuda_moe_tune_ks(0, 0);
+				sm70__cuda_moe_tune(-1, 0, 0);
+				snprintf(what, sizeof(what),
+					 "experts H%d I%d E%d k%d n%d (%d used) ks %d,%d", sh.hidden,
+					 sh.inter, sh.E, sh.k, n, h.n_used[0], ex_ks[ki][0],
+					 ex_ks[ki][1]);
+				compare_values(what, og, oc, count, TOL_F16_OUT);
 			}
 			hroute_free(&h);
 			bfree(cpu, lc);

@@ -7,11 +7,12 @@
  * skipped (bench_skip_prefill: the KV cache holds whatever it holds; decode reads it all
  * the same), warmed up for a few steps, then `steps` decode steps are timed with the
  * monotonic clock (each step ends with the download of its sampled tokens, so the time is
- * the device time plus the host's share). The roofline of one step is the bytes it must
- * move, weights + every sequence's KV + (recurrent models) every sequence's DeltaNet
- * state read and written back, divided by the read bandwidth passed with --bw-gbs
- * (measure it in the same run with `sm70-bench bw`), or, without it, reported as bytes
- * per second only. With --tp N the model is split over N GPUs: the bytes are those of all
+ * the device time plus the host's share; "host us" is the step's time outside the
+ * model's forward call, host work the device waits for). The roofline of one step is the
+ * bytes it must move, weights + every sequence's KV + (recurrent models) every
+ * sequence's DeltaNet state read and written back, divided by the read bandwidth passed
+ * with --bw-gbs (measure it in the same run with `sm70-bench bw`), or, without it,
+ * reported as bytes per second only. With --tp N the model is split over N GPUs: the bytes are those of all
  * ranks (KV heads replicated when there are fewer than ranks) and the roofline is N times
  * one GPU's bandwidth. SM70_BENCH_SKIP_ALLREDUCE=1 leaves the all-reduces out (wrong
  * tokens, right shape of work): the difference is their cost per step. QSA models
@@ -75,8 +76,9 @@ static void usage(FILE *f)
 /* One configuration on an open engine: returns 0 and fills tokens/s and bytes per step.
  * Leaves the engine idle. */
 static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int batch, int ctx,
-		   int steps, double *tps, double *step_bytes)
+		   int steps, double *tps, double *step_bytes, double *host_us)
 {
+	struct sm70_engine_stats st0;
 	struct sm70_err err = { { 0 } };
 	struct count c = { 0, 0 };
 	int32_t *prompt;
@@ -107,11 +109,19 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
 			goto out;
 	c.tokens = 0;
+	sm70_engine_get_stats(e, &st0);
 	t0 = sm70__cli_now_s();
 	for (int i = 0; i < steps; i++)
 		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
 			goto out;
 	*tps = c.tokens / (sm70__cli_now_s() - t0);
+	{
+		struct sm70_engine_stats st1;
+
+		sm70_engine_get_stats(e, &st1);
+		*host_us = (double)((st1.step_ns - st0.step_ns) - (st1.forward_ns - st0.forward_ns)) /
+			   1e3 / steps;
+	}
 	{
 		const struct sm70_model_config *mc = sm70_engine_model_config(e);
 		int kv_heads = mc->n_kv_heads < eo->tp ? eo->tp : mc->n_kv_heads;
@@ -224,23 +234,24 @@ int sm70__bench_decode(int argc, char **argv)
 	       getenv("SM70_GRAPHS") && !strcmp(getenv("SM70_GRAPHS"), "0") ? "off" : "on",
 	       getenv("SM70_BENCH_SKIP_ALLREDUCE") ? ", all-reduces SKIPPED" : "");
 	bw *= eo.tp;
-	printf("%6s %7s %12s %12s %14s %10s\n", "batch", "ctx", "tokens/s", "step ms",
-	       "GB read/step", bw > 0 ? "roofline" : "GB/s");
+	printf("%6s %7s %12s %12s %14s %10s %9s\n", "batch", "ctx", "tokens/s", "step ms",
+	       "GB read/step", bw > 0 ? "roofline" : "GB/s", "host us");
 	for (int i = 0; i < n_b; i++) {
 		for (int j = 0; j < n_c; j++) {
-			double tps = 0, bytes = 0;
-			if (run_one(e, &eo, batches[i], ctxs[j], steps, &tps, &bytes)) {
+			double tps = 0, bytes = 0, host_us = 0;
+			if (run_one(e, &eo, batches[i], ctxs[j], steps, &tps, &bytes, &host_us)) {
 				sm70_engine_close(e);
 				return 1;
 			}
 			double step_s = batches[i] / tps;
 			double gbs = bytes / step_s / 1e9;
 			if (bw > 0)
-				printf("%6d %7d %12.1f %12.3f %14.2f %9.1f%%\n", batches[i], ctxs[j],
-				       tps, step_s * 1e3, bytes / 1e9, 100.0 * gbs / bw);
+				printf("%6d %7d %12.1f %12.3f %14.2f %9.1f%% %9.1f\n", batches[i],
+				       ctxs[j], tps, step_s * 1e3, bytes / 1e9, 100.0 * gbs / bw,
+				       host_us);
 			else
-				printf("%6d %7d %12.1f %12.3f %14.2f %10.0f\n", batches[i], ctxs[j],
-				       tps, step_s * 1e3, bytes / 1e9, gbs);
+				printf("%6d %7d %12.1f %12.3f %14.2f %10.0f %9.1f\n", batches[i],
+				       ctxs[j], tps, step_s * 1e3, bytes / 1e9, gbs, host_us);
 			fflush(stdout);
 		}
 	}
