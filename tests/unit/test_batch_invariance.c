@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "daemon/engine/engine.h"
@@ -89,7 +90,7 @@ static uint64_t submit(struct sm70_engine *e, uint32_t seed, int n_prompt, int n
  * the odd ones join while it runs (other i after step i + 1), so both its prompt's chunks
  * and its decodes share steps with other sequences' chunks and decodes.
  */
-static void run(const char *dir, int invariant, int n_others, struct trace *t)
+static void run(const char *dir, int dummy, int invariant, int n_others, struct trace *t)
 {
 	struct sm70_engine_opts eo;
 	struct sm70_engine *e = NULL;
@@ -103,6 +104,7 @@ static void run(const char *dir, int invariant, int n_others, struct trace *t)
 	eo.max_seqs = 16;
 	eo.max_batch_tokens = 48;
 	eo.batch_invariant = invariant;
+	eo.dummy_weights = dummy;
 	if (sm70_engine_open(&e, dir, &eo, &err))
 		fail_msg("open %s: %s", dir, err.msg);
 	memset(t, 0, sizeof(*t));
@@ -138,27 +140,26 @@ static int first_difference(const struct trace *a, const struct trace *b)
 	return -1;
 }
 
-static void check_model(const char *name)
+/* The model in dir (dummy: config.json only, dummy weights) under both paths. */
+static void check_dir(const char *dir, const char *name, int dummy)
 {
 	static const int others[] = { 1, 3, 7, MAX_OTHERS };
-	char dir[256];
 	struct trace alone_bi, alone_def, t;
 	int diffs = 0;
 
-	snprintf(dir, sizeof(dir), FIXTURES "/%s", name);
-	run(dir, 1, 0, &alone_bi);
-	run(dir, 0, 0, &alone_def);
+	run(dir, dummy, 1, 0, &alone_bi);
+	run(dir, dummy, 0, 0, &alone_def);
 	for (size_t k = 0; k < sizeof(others) / sizeof(others[0]); k++) {
 		int d;
 
-		run(dir, 1, others[k], &t);
+		run(dir, dummy, 1, others[k], &t);
 		d = first_difference(&alone_bi, &t);
 		if (d >= 0)
 			fail_msg("%s, batch invariant, beside %d others: step %d differs (token %d "
 				 "logprob %a, alone token %d logprob %a)", name, others[k], d,
 				 t.s[d].token, t.s[d].logprob, alone_bi.s[d].token,
 				 alone_bi.s[d].logprob);
-		run(dir, 0, others[k], &t);
+		run(dir, dummy, 0, others[k], &t);
 		d = first_difference(&alone_def, &t);
 		if (d >= 0)
 			diffs++;
@@ -171,6 +172,50 @@ static void check_model(const char *name)
 	printf("%-26s default path differs in %d of 4 batchings; invariant vs default alone: "
 	       "%s\n", name, diffs,
 	       first_difference(&alone_bi, &alone_def) < 0 ? "identical" : "different bits");
+}
+
+static void check_model(const char *name)
+{
+	char dir[256];
+
+	snprintf(dir, sizeof(dir), FIXTURES "/%s", name);
+	check_dir(dir, name, 0);
+}
+
+/*
+ * GPU only (too slow on the CPU): a dense model of dummy weights large enough for the
+ * CUDA choices the fixtures' sizes never reach: 4-warp GEMV blocks (gate_up's 5120 rows
+ * fill one wave of them), the sampler's blocks per row (a 32768 vocabulary is cut into
+ * 16 parts at B1, 4 at B16).
+ */
+static const char large_config[] =
+	"{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\","
+	" \"hidden_size\": 2048, \"intermediate_size\": 2560, \"num_hidden_layers\": 4,"
+	" \"num_attention_heads\": 16, \"num_key_value_heads\": 4, \"head_dim\": 128,"
+	" \"vocab_size\": 32768, \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-06,"
+	" \"rope_parameters\": {\"rope_theta\": 1000000.0, \"rope_type\": \"default\"},"
+	" \"tie_word_embeddings\": false, \"hidden_act\": \"silu\", \"bos_token_id\": 0,"
+	" \"eos_token_id\": 1, \"attention_bias\": false, \"dtype\": \"bfloat16\"}\n";
+
+static void test_dense_large(void **state)
+{
+	char dir[] = "/tmp/sm70-bi-XXXXXX", path[64];
+	FILE *f;
+
+	(void)state;
+	if (strcmp(backend, "cuda") != 0) {
+		printf("dense-large: GPU only (SM70_BACKEND=cuda), skipped\n");
+		return;
+	}
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	f = fopen(path, "w");
+	assert_non_null(f);
+	assert_true(fputs(large_config, f) >= 0);
+	assert_int_equal(fclose(f), 0);
+	check_dir(dir, "qwen3-dummy-2048", 1);
+	unlink(path);
+	rmdir(dir);
 }
 
 static void test_dense(void **state)
@@ -205,6 +250,7 @@ int main(void)
 		cmocka_unit_test(test_hybrid),
 		cmocka_unit_test(test_moe),
 		cmocka_unit_test(test_hybrid_moe),
+		cmocka_unit_test(test_dense_large),
 	};
 
 	if (b && strcmp(b, "cuda") == 0)
