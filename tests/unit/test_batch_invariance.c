@@ -2,9 +2,9 @@
  * test_batch_invariance - under engine.batch_invariant one sequence's tokens and logprobs
  * are bitwise the same whatever shares its steps.
  *
- * For a dense (qwen3), a hybrid (qwen3_5, DeltaNet layers) and two MoE fixtures: one
- * greedy target sequence decoded alone, then again beside 1, 3, 7 and 15 other sequences
- * of other lengths, some admitted before it (its prompt is then cut into other chunks)
+ * For a dense (qwen3), a hybrid (qwen3_5, DeltaNet layers), two MoE and two NVFP4 fixtures
+ * (and, on the GPU, a larger dense model of dummy weights): one greedy target sequence
+ * decoded alone, then again beside 1, 3, 7 and 15 other sequences of other lengths, some admitted before it (its prompt is then cut into other chunks)
  * and some while it decodes (their prefill chunks share its decode steps). The step
  * budget is small, so prompts are split over several steps. Its tokens, logprobs and
  * top-5 alternatives (the raw float bits) must equal the alone run's with the switch on;
@@ -182,6 +182,14 @@ static void check_model(const char *name)
 	check_dir(dir, name, 0);
 }
 
+/* NVFP4 weights: on the GPU the B1 dot kernel against WMMA, and the NVFP4 experts */
+static void test_nvfp4(void **state)
+{
+	(void)state;
+	check_model("qwen3-gqa2-d64-tied-nvfp4");
+	check_model("qwen3_moe-e8k2-nvfp4");
+}
+
 /*
  * GPU only (too slow on the CPU): a dense model of dummy weights large enough for the
  * CUDA choices the fixtures' sizes never reach: 4-warp GEMV blocks (gate_up's 5120 rows
@@ -250,6 +258,7 @@ int main(void)
 		cmocka_unit_test(test_hybrid),
 		cmocka_unit_test(test_moe),
 		cmocka_unit_test(test_hybrid_moe),
+		cmocka_unit_test(test_nvfp4),
 		cmocka_unit_test(test_dense_large),
 	};
 
