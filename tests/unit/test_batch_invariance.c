@@ -6,11 +6,11 @@
  * (and, on the GPU, a larger dense model of dummy weights): one greedy target sequence
  * decoded alone, then again beside 1, 3, 7 and 15 other sequences of other lengths, some
  * admitted before it (its prompt is then cut into other chunks) and some while it decodes
- * (their prefill chunks share its decode steps). The step
- * budget is small, so prompts are split over several steps. Its tokens, logprobs and
- * top-5 alternatives (the raw float bits) must equal the alone run's with the switch on;
- * the default path's differences are printed, not asserted: they are what the switch
- * buys. SM70_BACKEND=cuda runs it on the GPU (tools/gpu-check.sh).
+ * (their prefill chunks share its decode steps). The step budget is small, so prompts are
+ * split over several steps. Its tokens, logprobs and top-5 alternatives (the raw float
+ * bits) must equal the alone run's with the switch on; the default path's differences are
+ * printed, not asserted: they are what the switch buys. SM70_BACKEND=cuda runs it on the
+ * GPU (tools/gpu-check.sh).
  */
 #include <setjmp.h>
 #include <stdarg.h>
