@@ -113,6 +113,7 @@ static const struct key engine_keys[] = {
 	NUM("n_threads", K_U32, engine.n_threads, 0, 1024),
 	NUM("feed_depth", K_U32, engine.feed_depth, 1, 1024),
 	NUM("state_slots", K_U32, engine.state_slots, 0, 1024),
+	NUM("batch_invariant", K_BOOL, engine.batch_invariant, 0, 1),
 	END,
 };
 

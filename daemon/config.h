@@ -121,6 +121,10 @@ struct sm70__config {
 		uint32_t n_threads; /* CPU backend workers, 0: all cores */
 		uint32_t feed_depth; /* jobs kept waiting inside the engine beyond max_seqs */
 		uint32_t state_slots; /* recurrent-state slots (hybrid models); 0: max_seqs */
+		/* 1: a sequence's tokens and logprobs bitwise the same whatever shares its
+		 * steps (docs/ENGINE.md, "Batch invariance"); 0 (default) leaves it to
+		 * SM70_BATCH_INVARIANT */
+		uint32_t batch_invariant;
 	} engine;
 
 	/* Named switches back to reference kernels ("fast" or "reference"; "" leaves the

@@ -457,6 +457,8 @@ static void engine_opts(const struct sm70__config *c, uint64_t kv_bytes,
 	eo->block_size = (int)c->engine.block_size;
 	eo->kv_bytes = (size_t)kv_bytes;
 	eo->state_slots = (int)c->engine.state_slots;
+	if (c->engine.batch_invariant)
+		eo->batch_invariant = 1;
 	if (c->fast_paths.gdn[0])
 		eo->gdn_recurrent = strcmp(c->fast_paths.gdn, "reference") == 0;
 }

@@ -1,15 +1,25 @@
-/* backend.c - what both backends share: destroying one through its op table, weight and
- * expert byte counts, and the checks of an NVFP4 matrix handed to prepare_weight and of an
- * NVFP4 expert stack handed to prepare_experts. */
+/* backend.c - what both backends share: destroying one through its op table, the batch
+ * invariance switch from the environment, weight and expert byte counts, and the checks
+ * of an NVFP4 matrix handed to prepare_weight and of an NVFP4 expert stack handed to
+ * prepare_experts. */
 #include "kernels/backend.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 void sm70_backend_destroy(struct sm70_backend *be)
 {
 	if (be)
 		be->ops->destroy(be);
+}
+
+int sm70_batch_invariant_env(void)
+{
+	const char *v = getenv("SM70_BATCH_INVARIANT");
+
+	return v && strcmp(v, "1") == 0;
 }
 
 size_t sm70_weight_bytes(const struct sm70_weight *w)

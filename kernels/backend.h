@@ -595,6 +595,13 @@ struct sm70_backend {
 	 * default is used unless the configuration asks for another supported one. */
 	unsigned kv_dtypes;
 	enum sm70_dtype kv_dtype_default;
+	/* Batch invariance (docs/ENGINE.md, "Batch invariance"): when set, what every op
+	 * computes for a token's row is bitwise the same whatever other rows share the call
+	 * (their number, positions, and whether they are decodes or prefill chunks): one
+	 * kernel and one reduction order for every batch size. Creation sets it from
+	 * SM70_BATCH_INVARIANT=1; the owner may change it before the ops it governs are
+	 * queued (a captured graph keeps what it was captured with). */
+	int batch_invariant;
 	void *priv;
 };
 
@@ -621,6 +628,10 @@ int sm70__nvfp4_check(const struct sm70_weight *host_modelopt, struct sm70_err *
  * every row_scale2 finite and >= 0), else -EINVAL with err naming the expert, row or block.
  * Reads every scale byte and row scale. */
 int sm70__nvfp4_experts_check(const struct sm70_experts *host_modelopt, struct sm70_err *err);
+
+/* 1 when the environment asks for batch invariance (SM70_BATCH_INVARIANT=1), else 0: what
+ * every backend's constructor puts in struct sm70_backend's batch_invariant. */
+int sm70_batch_invariant_env(void);
 
 /* Destroys a backend made by any constructor (NULL is fine). */
 void sm70_backend_destroy(struct sm70_backend *be);

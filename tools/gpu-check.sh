@@ -60,6 +60,12 @@ if [ -x "$B/tests/test_fixtures" ]; then
 	run_one fixtures-cuda env SM70_BACKEND=cuda "$B/tests/test_fixtures"
 	run_one fixtures-cuda-eager env SM70_BACKEND=cuda SM70_GRAPHS=0 "$B/tests/test_fixtures"
 	run_one kv-fp8-cuda env SM70_BACKEND=cuda "$B/tests/test_kv_fp8"
+	run_one batch-invariance-cuda env SM70_BACKEND=cuda "$B/tests/test_batch_invariance"
+	run_one batch-invariance-cuda-eager env SM70_BACKEND=cuda SM70_GRAPHS=0 \
+		"$B/tests/test_batch_invariance"
+	# the invariant paths against transformers, as the default ones
+	run_one fixtures-cuda-batch-invariant env SM70_BACKEND=cuda SM70_BATCH_INVARIANT=1 \
+		"$B/tests/test_fixtures"
 	# the switches not on by default: every overlapped-launch kind, 8-warp GEMVs only (the
 	# path back from auto), the attention merge folded into its split kernel
 	run_one fixtures-cuda-experiments env SM70_BACKEND=cuda SM70_PDL=all SM70_GEMV_WARPS=8 \

@@ -16,7 +16,7 @@ trap 'rm -rf "$t"' EXIT
 mkdir -p "$t/bin" "$t/tests-gpu" "$t/tests" "$O"
 cp "$B/bin/sm70-bench" "$B/bin/sm70-run" "$B/bin/sm70d" "$t/bin/"
 cp "$B"/tests-gpu/test_* "$t/tests-gpu/"
-for x in test_fixtures test_kv_fp8 test_tp; do cp "$B/tests/$x" "$t/tests/"; done
+for x in test_fixtures test_kv_fp8 test_tp test_batch_invariance; do cp "$B/tests/$x" "$t/tests/"; done
 strip "$t"/bin/* "$t"/tests-gpu/* "$t"/tests/*
 tar cf - -C "$t" . | xz -T1 --lzma2=preset=6,dict=256MiB > "$O/gpu.tar.xz"
 lib=$(ldd "$t/tests-gpu/test_graphs" | awk '/libcmocka/ {print $3}')

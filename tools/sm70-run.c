@@ -51,7 +51,7 @@ static void usage(FILE *f)
 		"                [--top-logprobs N] [--json]\n"
 		"  more: [--stop-ids 1,2] [--stop STRING]... [--ignore-eos] [--threads N]\n"
 		"        [--block-size N] [--system TEXT] [--no-thinking] [--keep-special]\n"
-		"        [--tp N] [--gpus 0,1,...]\n"
+		"        [--tp N] [--gpus 0,1,...] [--batch-invariant]\n"
 		"        [--kv-blocks N] [--max-batch-tokens N] [--kv-dtype f32|f16|fp8]\n"
 		"       sm70-run --help | --version\n"
 		"Temperature 0 (the default) is greedy decoding. A prompt file holds token ids\n"
@@ -59,7 +59,9 @@ static void usage(FILE *f)
 		"TEXT a user turn (after --system TEXT) in the model's chat template\n"
 		"(--no-thinking: enable_thinking false); both use MODEL_DIR/tokenizer.json and\n"
 		"print text; --stop STRING (up to 16) ends where the text first holds STRING.\n"
-		"--keep-special: special tokens (<|im_end|>) stay in the text.\n");
+		"--keep-special: special tokens (<|im_end|>) stay in the text.\n"
+		"--batch-invariant: one kernel and reduction order for every batch size\n"
+		"(engine.batch_invariant; docs/ENGINE.md).\n");
 }
 
 static int die_usage(const char *fmt, const char *arg)
@@ -196,7 +198,8 @@ int main(int argc, char **argv)
 {
 	enum { O_BACKEND = 256, O_LOAD, O_PIDS, O_PFILE, O_TEMP, O_TOPK, O_TOPP, O_SEED,
 	       O_TOPLP, O_JSON, O_STOP, O_IGNEOS, O_THREADS, O_BS, O_KVB, O_MBT, O_KV16, O_TP,
-	       O_GPUS, O_PROMPT, O_CHAT, O_SYSTEM, O_NOTHINK, O_STOPSTR, O_KEEPSPECIAL };
+	       O_GPUS, O_PROMPT, O_CHAT, O_SYSTEM, O_NOTHINK, O_STOPSTR, O_KEEPSPECIAL,
+	       O_BATCHINV };
 	static const struct option lopts[] = {
 		{ "model", required_argument, 0, 'm' },
 		{ "backend", required_argument, 0, O_BACKEND },
@@ -225,6 +228,7 @@ int main(int argc, char **argv)
 		{ "kv-dtype", required_argument, 0, O_KV16 },
 		{ "tp", required_argument, 0, O_TP },
 		{ "gpus", required_argument, 0, O_GPUS },
+		{ "batch-invariant", no_argument, 0, O_BATCHINV },
 		{ "help", no_argument, 0, 'h' },
 		{ "version", no_argument, 0, 'V' },
 		{ 0, 0, 0, 0 },
@@ -390,6 +394,9 @@ int main(int argc, char **argv)
 			free(ids);
 			break;
 		}
+		case O_BATCHINV:
+			eo.batch_invariant = 1;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;

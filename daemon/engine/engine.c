@@ -103,6 +103,7 @@ void sm70_engine_opts_default(struct sm70_engine_opts *o)
 	/* the switch back to the DeltaNet reference path; callers may still override it */
 	env = getenv("SM70_GDN");
 	o->gdn_recurrent = env && strcmp(env, "reference") == 0;
+	o->batch_invariant = sm70_batch_invariant_env();
 }
 
 static int blocks_for(const struct sm70_engine *e, int n_tokens)
@@ -196,6 +197,9 @@ static int open_backends(struct sm70_engine *e, struct sm70_err *err)
 	}
 	if (ret)
 		return ret;
+	/* the switch reaches the ops through their backends (CPU ranks share one) */
+	for (int r = 0; r < e->n_owned; r++)
+		e->ranks[r]->batch_invariant = o->batch_invariant != 0;
 	e->be = e->ranks[0];
 	if (tp == 1)
 		return 0;
@@ -328,6 +332,7 @@ static struct sm70_model_opts model_opts(const struct sm70_engine *e)
 		.dummy_seed = opts->dummy_seed,
 		.state_slots = opts->state_slots,
 		.gdn_recurrent = opts->gdn_recurrent,
+		.batch_invariant = opts->batch_invariant,
 	};
 }
 

@@ -79,6 +79,10 @@ struct sm70_engine_opts {
 	int no_prefix_cache;      /* turn prefix caching off */
 	int state_slots;          /* recurrent-state slots; 0: max_seqs (recurrent models) */
 	int gdn_recurrent;        /* DeltaNet prefill by the recurrence, not the chunked form */
+	/* a sequence's tokens and logprobs bitwise the same whatever shares its steps: one
+	 * kernel and reduction order for every batch size (docs/ENGINE.md, "Batch
+	 * invariance"); slower. Default from SM70_BATCH_INVARIANT=1. */
+	int batch_invariant;
 	struct sm70_load_progress *progress; /* NULL, or filled while sm70_engine_open runs */
 };
 
@@ -167,7 +171,8 @@ struct sm70_engine_stats {
 
 struct sm70_engine;
 
-/* Fills opts with the defaults (SM70_GDN=reference in the environment sets gdn_recurrent). */
+/* Fills opts with the defaults (SM70_GDN=reference in the environment sets gdn_recurrent,
+ * SM70_BATCH_INVARIANT=1 batch_invariant). */
 void sm70_engine_opts_default(struct sm70_engine_opts *o);
 
 /* Loads the model in model_dir onto the chosen backend. Returns 0 or -errno with err

@@ -435,6 +435,10 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 		   strcmp(env, "hc") == 0 ? SM70_FUSED_HC :
 		   strcmp(env, "0") == 0 ? 0 :
 		   strcmp(env, "silu") == 0 ? SM70_FUSED_SILU : SM70_FUSED_ALL;
+	/* batch invariance: the fusions taken only at some step sizes would give a row other
+	 * bits at others (the q/k fusion is taken at every size) */
+	if (opts->batch_invariant)
+		m->fused &= ~(SM70_FUSED_SILU | SM70_FUSED_HC);
 	/* qwen4_exp's PLE row gathers on the backend's side stream (0: in line) */
 	env = getenv("SM70_PLE_OVERLAP");
 	m->ple_overlap = !(env && strcmp(env, "0") == 0);

@@ -31,6 +31,10 @@ struct sm70_model_opts {
 	int state_slots;      /* recurrent-state slots (models with recurrent layers); 0: max_seqs */
 	int gdn_recurrent;    /* 1: the DeltaNet ops run the recurrence for prefill too (the
 			       * reference path of the chunked form) */
+	/* 1: no fused op whose use depends on the step's size (silu_matmul at up to 16 rows,
+	 * hc_mix at one), so every row takes one path (docs/ENGINE.md, "Batch invariance");
+	 * the backends' own batch_invariant flags fix the kernels */
+	int batch_invariant;
 	int block_size;       /* KV cache tokens per block */
 	int n_blocks;         /* KV cache blocks; 0: size from kv_bytes */
 	size_t kv_bytes;      /* KV cache budget when n_blocks is 0 */

@@ -191,6 +191,7 @@ int sm70_backend_cpu_create(struct sm70_backend **out, int n_threads, struct sm7
 	c->be.kv_dtypes = (1u << SM70_DTYPE_F32) | (1u << SM70_DTYPE_F16) |
 			  (1u << SM70_DTYPE_F8E4M3);
 	c->be.kv_dtype_default = SM70_DTYPE_F32;
+	c->be.batch_invariant = sm70_batch_invariant_env();
 	c->be.priv = c;
 	*out = &c->be;
 	return 0;

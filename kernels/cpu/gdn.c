@@ -38,6 +38,9 @@
  *    as good as the recurrence's. The forms agree within ~1e-6 of max |o| and |S|
  *    (tests/unit/test_gdn_ops.c prints the figures), each as close to float64.
  *
+ * Under the backend's batch_invariant every token takes the recurrence: the chunked form
+ * depends on where a prompt's chunks start, which the scheduler decides by what else runs.
+ *
  * Non-goals: speed beyond what plain loops give (this is the reference); other chunk
  * sizes; qwen3_next's interleaved projections (the model code lays out q | k | v).
  */
@@ -354,7 +357,9 @@ void sm70__cpu_gdn(struct sm70_backend *be, void *out, const void *qkv, const vo
 					   (long)lay->n_v_heads * lay->v_dim)
 		return;
 	sm70__cpu_units_init(&j.units, b);
-	j.chunked = chunked;
+	/* batch invariance: the chunked form's pieces start where the scheduler cut the
+	 * prompt, so only the recurrence gives a token the same bits however it was cut */
+	j.chunked = chunked && !be->batch_invariant;
 	j.q_scale = (float)(1.0 / sqrt((double)lay->k_dim));
 	if (chunked && j.units.n > j.units.n_decode) {
 		j.scratch = sm70__cpu_scratch(c, gdn_piece_floats(lay));

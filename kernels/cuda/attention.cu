@@ -39,6 +39,9 @@
  * their chunk by scanning chunk_first / chunk_len, so the grid needs nothing uploaded (the
  * host sums the tiles from the host copies); prefill steps are never graph-captured.
  *
+ * Batch invariance (the backend's batch_invariant): attn_invariant below; every token takes
+ * the decode kernels with splits of a fixed span.
+ *
  * Non-goals: sliding windows, ALiBi, soft-capping, sinks; split-KV for prefill (a short
  * chunk at a long context has few blocks); head_dim 32 or above 256 on the prefill path.
  */
@@ -987,6 +990,42 @@ static int attn_fast(struct sm70__cuda *c, const struct sm70__attn_args &a, int 
 	return sm70__attn_split<dense_rows>(c, a, D, fp8, n_tokens, max_pos);
 }
 
+/* Batch invariance: every token through the decode kernels (the prefill kernel's tiles of
+ * a chunk's tokens sum in another order), split in fixed spans (attn_decode.h), in groups
+ * of tokens whose partials fit the scratch: launched alone or beside others, a token
+ * gets the same bits. The reference kernel where the fast ones do not take the shape (a
+ * shape-only choice), or where one token's partials alone would not fit (contexts past
+ * the scratch: there invariance is lost). */
+static void attn_invariant(struct sm70__cuda *c, const struct sm70__attn_args &a,
+			   const struct sm70_kv_layer *kv, const struct sm70_kv_layout *lay,
+			   const struct sm70_batch *b, int D, int fp8, float scale)
+{
+	const size_t per_tok = (size_t)a.n_heads * ATTN_PR(D) * sizeof(float) *
+			       (size_t)sm70__attn_bi_splits(b->max_pos);
+	const long group = (long)(SM70__CUDA_ATTN_PART_BYTES / per_tok);
+
+	if (c->attn_ref || (a.q_ld % 8) || ((uintptr_t)a.q & 15) || b->max_pos <= 0 ||
+	    group < 1) {
+		sm70__attn_ref<dense_rows>(c, a, kv, lay, scale, b->n_tokens);
+		return;
+	}
+	for (int t0 = 0; t0 < b->n_tokens; t0 += (int)group) {
+		const int m = b->n_tokens - t0 < group ? b->n_tokens - t0 : (int)group;
+		struct sm70__attn_args g = a;
+		int ret;
+
+		g.out += (size_t)t0 * a.n_heads * D;
+		g.q += (size_t)t0 * a.q_ld;
+		g.tok_pos += t0;
+		g.tok_seq += t0;
+		ret = attn_fast(c, g, D, fp8, m, b->max_pos);
+		if (ret == -EIO)
+			return;
+		if (ret == -ENOSPC)
+			sm70__attn_ref<dense_rows>(c, g, kv, lay, scale, m);
+	}
+}
+
 /* See backend.h. out must not overlap q or the cache; n_heads must be a multiple of
  * n_kv_heads; b->max_pos must be at least every tok_pos + 1 (it sizes the split); block
  * tables must hold valid blocks for every position attended to. With prefill chunks
@@ -1007,6 +1046,10 @@ extern "C" void sm70__cuda_attention(struct sm70_backend *be, void *out, const v
 	if (sm70__attn_args_make(&a, c, dense_rows::op, out, q, q_ld, kv, lay, b, n_heads,
 				 scale))
 		return;
+	if (c->be.batch_invariant) {
+		attn_invariant(c, a, kv, lay, b, D, fp8, scale);
+		return;
+	}
 	/* The fast kernels read q and the cache 16 bytes at a time. */
 	if (!c->attn_ref && (q_ld % 8) == 0 && ((uintptr_t)q & 15) == 0 && b->max_pos > 0) {
 		if (b->n_chunks > 0 && b->n_decode <= b->n_tokens && !attn_want_simt()) {

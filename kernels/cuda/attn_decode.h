@@ -322,6 +322,23 @@ static __global__ void __launch_bounds__(SM70__ATTN_THREADS)
 }
 
 /*
+ * Batch invariance (the backend's batch_invariant): splits of SM70__ATTN_BI_SPAN positions
+ * whatever the batch, and at least two, so that a token's tiles, its splits' partials and
+ * their merge are the same however many tokens and positions share the launch (a split
+ * past a token's position is empty and adds nothing: weight 0). A one-split launch would
+ * write the output directly, in other rounding, hence two. The span is a multiple of
+ * every kernel's tile (64, 32 at head_dim 256) and of the SIMT kernel's two tiles.
+ */
+#define SM70__ATTN_BI_SPAN 256
+
+static inline long sm70__attn_bi_splits(int most)
+{
+	const long spans = ((long)most + SM70__ATTN_BI_SPAN - 1) / SM70__ATTN_BI_SPAN;
+
+	return spans < 2 ? 2 : spans;
+}
+
+/*
  * Sizes the split of rows bounded by most (n_tokens tokens of head_dim D): up to want
  * splits (the caller's fill target), each of at least span rows, no more than the partials
  * have room for; a split's chunk is whole tiles of TP rows. Sets a->chunk, a->nsplit and
@@ -333,6 +350,19 @@ static inline void sm70__attn_size_split(struct sm70__cuda *c, struct sm70__attn
 {
 	const size_t per_split = (size_t)n_tokens * a->n_heads * SM70__ATTN_PR(D) * sizeof(float);
 	int nsplit = 1;
+
+	if (c->be.batch_invariant) {
+		const long spans = sm70__attn_bi_splits(most);
+
+		static_assert(SM70__ATTN_BI_SPAN % 128 == 0, "spans of whole tiles");
+		if (spans <= (long)(SM70__CUDA_ATTN_PART_BYTES / per_split)) {
+			a->chunk = SM70__ATTN_BI_SPAN;
+			a->nsplit = (int)spans;
+			a->part = c->attn_part;
+			return;
+		}
+		/* no room (the attention op's caller keeps within it): sized as below */
+	}
 
 	if (want > 1 && most > span) {
 		const long spans = (most + span - 1) / span;

@@ -517,6 +517,10 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	c->be.weight_dtype = SM70_DTYPE_F16;
 	c->be.kv_dtypes = (1u << SM70_DTYPE_F16) | (1u << SM70_DTYPE_F8E4M3);
 	c->be.kv_dtype_default = SM70_DTYPE_F16;
+	c->be.batch_invariant = sm70_batch_invariant_env();
+	if (c->be.batch_invariant)
+		fprintf(stderr, "sm70 cuda: SM70_BATCH_INVARIANT=1: one kernel and one reduction "
+				"order for every batch size\n");
 	*out = &c->be;
 	return 0;
 

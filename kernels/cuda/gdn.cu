@@ -49,6 +49,10 @@
  * order and for shared slots); in the shaped path sequences that share a slot (padding
  * rows on the scratch slot) race on it and their outputs are unspecified.
  *
+ * Batch invariance (the backend's batch_invariant): every token takes the recurrence, in
+ * bands of 32 columns (16 where v_dim is not a multiple of 32) whatever the batch, so a
+ * token's output does not depend on how its prompt was cut or what else ran.
+ *
  * Non-goals: k_dim other than 32/64/128/256 (chunked: up to 128), v_dim not a multiple
  * of 16 (chunked: 32), a separate (multi-kernel) WY precompute as in FLA: the ops may not
  * allocate scratch for it, and the per-piece work is cheap next to the state traffic.
@@ -827,6 +831,10 @@ extern "C" void sm70__cuda_gdn(struct sm70_backend *be, void *out, const void *q
 		return;
 	}
 	segs = b->n_decode + b->n_chunks;
+	/* batch invariance: the chunked form's pieces start where the scheduler cut the
+	 * prompt; the recurrence gives a token the same bits however it was cut */
+	if (c->be.batch_invariant)
+		chunked = 0;
 	if (chunked && b->n_chunks > 0 && dk <= 128 && dv % CJ == 0 && (uintptr_t)qkv % 16 == 0) {
 		int ret = chunk_dispatch(c, a, dk, b->n_chunks);
 
@@ -852,5 +860,9 @@ extern "C" void sm70__cuda_gdn(struct sm70_backend *be, void *out, const void *q
 	if (gdn_tune_cols == 16 || (gdn_tune_cols == 32 && dv % 32 == 0) ||
 	    (gdn_tune_cols == 64 && dv % 64 == 0))
 		cols = gdn_tune_cols;
+	/* batch invariance: the band sets which rows a thread sums and the shuffle tree of
+	 * m and o, so it must not follow the segment count; the serial path's band */
+	if (c->be.batch_invariant)
+		cols = dv % 32 ? 16 : 32;
 	rec_dispatch(c, a, dk, cols, segs, 0, cs);
 }

@@ -212,7 +212,10 @@ extern "C" int sm70__cuda_hc_mix(struct sm70_backend *be, void *y, float *inj, v
 	struct sm70__cuda *c = sm70__cuda_enter(be);
 	const int width = rank + (inj ? streams : 0);
 
-	if (streams < 1 || streams > 4 || dim <= 0 || dim % 8 || rank <= 0 || rank % 8 ||
+	/* batch invariance: the model takes this path for one token only, and its sums are
+	 * in another order than the composed ops' it takes for more */
+	if (c->be.batch_invariant || streams < 1 || streams > 4 || dim <= 0 || dim % 8 ||
+	    rank <= 0 || rank % 8 ||
 	    rank > MIX_MAX_RANK || mix->dtype != SM70_DTYPE_F16 || up->dtype != SM70_DTYPE_F16 ||
 	    mix->cols != streams * dim || mix->rows < width || up->rows != streams * dim ||
 	    up->cols != rank || (size_t)dim * 2 > c->smem_optin)

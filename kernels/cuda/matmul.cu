@@ -20,6 +20,8 @@
  *   inputs, CUBLAS_COMPUTE_32F.
  * - SM70_MATMUL=reference: one thread per output element, a plain dot product; the named
  *   path back when the fast paths are suspect.
+ * - batch invariance (matmul_invariant below): the tensor-core kernel at every n, in
+ *   slices of 16 rows of x, 8 warps, no column split.
  *
  * The tensor-core kernel also serves silu_matmul.cu (sm70__cuda_gemv_tc_silu): the same
  * tiles with x = silu(gate) * up made while each step is staged.
@@ -478,8 +480,10 @@ static int gemv_split(const struct sm70__cuda *c, int tiles, int slots, int nste
 	double best_waste = 1e9;
 	int best = 1;
 
+	/* batch invariance: slots come from the occupancy of the instance, which depends on
+	 * the rows of x, and the split moves a row's k-sum boundaries */
 	if (silu || !c->gemv_part || c->stream != c->main || tiles > SM70__CUDA_GEMV_TILES ||
-	    slots <= 0)
+	    slots <= 0 || c->be.batch_invariant)
 		return 1;
 	for (int sp = 1; sp <= 8; sp++) {
 		const double waves = (double)tiles * sp / slots;
@@ -543,6 +547,10 @@ static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
  * faster end to end at B1. SM70_GEMV_WARPS=8 (the path back) or =4 forces one size. */
 static int gemv_warps(const struct sm70__cuda *c, int tiles)
 {
+	/* batch invariance: 4-warp blocks exist only up to 8 rows of x, and the warps split
+	 * a row's k-sum */
+	if (c->be.batch_invariant)
+		return 8;
 	if (c->gemv_warps == 4)
 		return 4;
 	if (c->gemv_warps == -1) /* auto: the one-wave rule, at two and four blocks an SM */
@@ -611,6 +619,44 @@ static int want_simt(void)
 	return cached;
 }
 
+/*
+ * Batch invariance (the backend's batch_invariant): one kernel for every n, so that row j
+ * of y has the same bits whatever the other rows are. The tensor-core GEMV with 8 warps
+ * and no column split, over x in slices of 16 rows: an output's k-sum is then fixed by
+ * the matrix alone (each warp's share of the 64-column steps, the mma's own order, the
+ * warps added in order), and an mma's output column depends on its x row alone, so
+ * neither the slice's other rows nor the MT / NI / PF instance picked for its size
+ * change it. Shapes the GEMV does not take (cols not a multiple of 8, unaligned
+ * buffers) run the reference kernel, one thread an output, at every n.
+ */
+static void matmul_invariant(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
+			     const __half *w, int rows, int cols, int n)
+{
+	const size_t ysz = y_f32 ? sizeof(float) : sizeof(__half);
+
+	if (cols % 8 || ((uintptr_t)x & 15) || ((uintptr_t)w & 15)) {
+		for (int i0 = 0; i0 < n; i0 += 65535) {
+			const int m = n - i0 < 65535 ? n - i0 : 65535;
+
+			matmul_ref_kernel<<<dim3((rows + 127) / 128, m), 128, 0, c->stream>>>(
+				(char *)y + (size_t)i0 * rows * ysz, y_f32, x + (size_t)i0 * cols,
+				w, rows, cols);
+			if (SM70_CUDA_LAUNCHED(&c->be, "matmul_ref_kernel"))
+				return;
+		}
+		return;
+	}
+	/* a slice's x stays 16-byte aligned: cols % 8 == 0 */
+	for (int i0 = 0; i0 < n; i0 += 16) {
+		const int m = n - i0 < 16 ? n - i0 : 16;
+
+		gemv_tc_dispatch<false>(c, (char *)y + (size_t)i0 * rows * ysz, y_f32,
+					x + (size_t)i0 * cols, w, rows, cols, m);
+		if (SM70_CUDA_LAUNCHED(&c->be, "gemv_tc_kernel"))
+			return;
+	}
+}
+
 /* See backend.h. w->dtype must be f16 (the backend's weight_dtype) or NVFP4 (then
  * matmul_nvfp4.cu computes it); y must not overlap x or W. */
 extern "C" void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, const void *x,
@@ -634,6 +680,10 @@ extern "C" void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, c
 		matmul_ref_kernel<<<dim3((rows + 127) / 128, n), 128, 0, c->stream>>>(
 			y, y_f32, xh, wh, rows, cols);
 		SM70_CUDA_LAUNCHED(be, "matmul_ref_kernel");
+		return;
+	}
+	if (c->be.batch_invariant) {
+		matmul_invariant(c, y, y_f32, xh, wh, rows, cols, n);
 		return;
 	}
 	/* Measured (docs/PERFORMANCE.md, GEMV table): above 8 rows of x, cuBLAS beats the

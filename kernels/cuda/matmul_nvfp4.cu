@@ -108,6 +108,8 @@
  *
  * Other paths:
  * - n > 16: the kernels over x in slices of 16 rows (W read once a slice).
+ * - batch invariance (the backend's batch_invariant): WMMA at every n, so a row's bits do
+ *   not depend on how many rows share the call.
  * - SM70_NVFP4=reference (the named switch back): prepare_weight uploads ModelOpt's layout
  *   as is, and matmul runs nvfp4_ref_kernel on it, one thread an output, dequantising
  *   each element in f32 as the CPU does. SM70_MATMUL=reference, or an x not 16-byte
@@ -725,8 +727,9 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 	const int t2 = v == 3 || (v != 2 && (w->rows + 31) / 32 >= 2 * c->n_sm);
 
 	/* auto: the dot kernel at n = 1 only; from n = 2 WMMA measured as fast or faster
-	 * (docs/PERFORMANCE.md, "NVFP4 GEMV") */
-	if (n > FP4_DOT_ROWS_MAX || v == 1 || (v == 0 && n > 1) ||
+	 * (docs/PERFORMANCE.md, "NVFP4 GEMV"). Batch invariance: WMMA at every n (its
+	 * output column depends on its x row alone; the dot kernel sums in another order) */
+	if (c->be.batch_invariant || n > FP4_DOT_ROWS_MAX || v == 1 || (v == 0 && n > 1) ||
 	    fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {
 		fp4_wmma_dispatch(c, y, y_f32, x, w, n);
 		return;

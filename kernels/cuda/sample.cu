@@ -1308,7 +1308,9 @@ extern "C" void sm70__cuda_sample(struct sm70_backend *be, struct sm70_sample_re
 				return;
 			continue;
 		}
-		int P = parts_for(c, b, vocab);
+		/* batch invariance: the parts a row is cut into order its sums (the logprob's
+		 * normaliser), so they must not depend on the rows launched with it */
+		int P = parts_for(c, c->be.batch_invariant ? MAXB : b, vocab);
 		int chunk = (vocab + P - 1) / P;
 		size_t dyn = (size_t)chunk * sizeof(float);
 		int cached = c->smem_optin > fixed && dyn <= c->smem_optin - fixed;

@@ -64,6 +64,7 @@ static void test_defaults_and_check(void **state)
 	assert_int_equal(c.n_gpus, 1);
 	assert_int_equal(c.gpus[0], 0);
 	assert_int_equal(c.engine.prefix_cache, 1);
+	assert_int_equal(c.engine.batch_invariant, 0);
 	assert_string_equal(c.engine.kv_dtype, "auto");
 	assert_int_equal(c.admin_allowed_uids[0], 0);
 	assert_int_equal(c.admin_control_uids[0], 0);
@@ -102,7 +103,7 @@ static void test_every_key(void **state)
 		"   \"max_top_logprobs\": 2},"
 		" \"engine\": {\"max_seqs\": 4, \"max_batch_tokens\": 64, \"block_size\": 32,"
 		"   \"kv_memory_fraction\": 0.5, \"kv_dtype\": \"fp8\", \"prefix_cache\": false,"
-		"   \"n_threads\": 3, \"feed_depth\": 1},"
+		"   \"n_threads\": 3, \"feed_depth\": 1, \"batch_invariant\": true},"
 		" \"fast_paths\": {\"matmul\": \"reference\", \"attention\": \"fast\","
 		" \"overlap\": \"reference\", \"gemv_split\": \"fast\"},"
 		" \"rings\": {\"sq_entries\": 16, \"eq_entries\": 32, \"arena_tokens\": 2048,"
@@ -146,6 +147,7 @@ static void test_every_key(void **state)
 	assert_string_equal(c.engine.kv_dtype, "fp8");
 	assert_int_equal(c.engine.prefix_cache, 0);
 	assert_int_equal(c.engine.n_threads, 3);
+	assert_int_equal(c.engine.batch_invariant, 1);
 	assert_string_equal(c.fast_paths.matmul, "reference");
 	assert_string_equal(c.fast_paths.attention, "fast");
 	assert_string_equal(c.fast_paths.overlap, "reference");

@@ -70,7 +70,9 @@ static void usage(FILE *f)
 		"usage: sm70-bench decode -m|--model MODEL_DIR [--backend cuda|cpu] [--load-format "
 		"auto|dummy]\n"
 		"         [--batch 1,8,16] [--ctx 1024,16384] [--steps N] [--kv-dtype f16|fp8|f32]\n"
-		"         [--kv-gib G] [--bw-gbs GBPS] [--tp N] [--gpus 0,1,...] [--help]\n");
+		"         [--kv-gib G] [--bw-gbs GBPS] [--tp N] [--gpus 0,1,...]\n"
+		"         [--batch-invariant] [--help]\n"
+		"--batch-invariant times the engine.batch_invariant paths (docs/ENGINE.md).\n");
 }
 
 /* One configuration on an open engine: returns 0 and fills tokens/s and bytes per step.
@@ -168,6 +170,7 @@ int sm70__bench_decode(int argc, char **argv)
 		{ "kv-dtype", required_argument, 0, 'k' }, { "kv-gib", required_argument, 0, 'g' },
 		{ "bw-gbs", required_argument, 0, 'w' }, { "tp", required_argument, 0, 't' },
 		{ "gpus", required_argument, 0, 'G' }, { "help", no_argument, 0, 'h' },
+		{ "batch-invariant", no_argument, 0, 'I' },
 		{ 0, 0, 0, 0 },
 	};
 	struct sm70_engine_opts eo;
@@ -209,6 +212,7 @@ int sm70__bench_decode(int argc, char **argv)
 			eo.kv_dtype = strcmp(optarg, "fp8") == 0 ? SM70_DTYPE_F8E4M3 :
 				      strcmp(optarg, "f32") == 0 ? SM70_DTYPE_F32 : SM70_DTYPE_F16;
 			break;
+		case 'I': eo.batch_invariant = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -228,11 +232,12 @@ int sm70__bench_decode(int argc, char **argv)
 		fprintf(stderr, "sm70-bench decode: %s\n", err.msg);
 		return 1;
 	}
-	printf("decode: %s, backend %s, tp %d, %s weights, KV %s, %d timed steps, graphs %s%s\n",
+	printf("decode: %s, backend %s, tp %d, %s weights, KV %s, %d timed steps, graphs %s%s%s\n",
 	       model, eo.backend, eo.tp, eo.dummy_weights ? "dummy" : "checkpoint",
 	       sm70_dtype_name(eo.kv_dtype), steps,
 	       getenv("SM70_GRAPHS") && !strcmp(getenv("SM70_GRAPHS"), "0") ? "off" : "on",
-	       getenv("SM70_BENCH_SKIP_ALLREDUCE") ? ", all-reduces SKIPPED" : "");
+	       getenv("SM70_BENCH_SKIP_ALLREDUCE") ? ", all-reduces SKIPPED" : "",
+	       eo.batch_invariant ? ", batch invariant" : "");
 	bw *= eo.tp;
 	printf("%6s %7s %12s %12s %14s %10s %9s\n", "batch", "ctx", "tokens/s", "step ms",
 	       "GB read/step", bw > 0 ? "roofline" : "GB/s", "host us");
