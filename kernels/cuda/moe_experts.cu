@@ -384,6 +384,8 @@ static void ex_launch(struct sm70__cuda *c, struct ex_args a, int slots, int ks,
 
 	if (forced)
 		ks = forced;
+	else if (ks <= 0 && c->be.batch_invariant)
+		ks = MODE == EX_GATE_UP ? 2 : 1; /* the rule's choice depends on the batch */
 	if (ks <= 0)
 		ks = ex_pick_ks(c, MODE, RT, warps_sm, groups, slots, (a.cols + EX_KS - 1) / EX_KS);
 	if (RT * ks > warps_sm)
