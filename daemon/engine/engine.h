@@ -148,7 +148,8 @@ struct sm70_engine_stats {
 	uint64_t prefix_key_mismatches; /* keys found whose block held other tokens (a hash
 					 * collision: expected never; each was a miss) */
 	uint64_t weight_bytes;    /* bytes of weights one decode step reads, experts aside */
-	uint64_t expert_bytes;    /* bytes of the MoE experts the last step read (their routing);
+	uint64_t expert_bytes;    /* bytes of the MoE experts a recent step read (their routing;
+				   * refreshed every 16th step and when the step size changes);
 				   * kept by the step, so reading the stats never syncs a device */
 	uint64_t clamped_weights; /* weights clamped to the f16 range when loaded */
 	uint64_t graph_replays;   /* decode steps replayed as captured graphs */
