@@ -1,6 +1,7 @@
-/* backend.c - what both backends share: destroying one through its op table, weight and
- * expert byte counts, and the checks of an NVFP4 matrix handed to prepare_weight and of an
- * NVFP4 expert stack handed to prepare_experts. */
+/* backend.c - what both backends share: destroying one through its op table, the KV
+ * dtypes a backend reads, weight and expert byte counts, and the checks of an NVFP4
+ * matrix handed to prepare_weight and of an NVFP4 expert stack handed to
+ * prepare_experts. */
 #include "kernels/backend.h"
 
 #include <errno.h>
@@ -10,6 +11,15 @@ void sm70_backend_destroy(struct sm70_backend *be)
 {
 	if (be)
 		be->ops->destroy(be);
+}
+
+int sm70_backend_reads_kv(const struct sm70_backend *be, enum sm70_dtype k, enum sm70_dtype v)
+{
+	if ((unsigned)k >= SM70_DTYPE_COUNT || (unsigned)v >= SM70_DTYPE_COUNT)
+		return 0;
+	if (!(be->kv_dtypes & (1u << k)))
+		return 0;
+	return v == k || (be->kv_v_dtypes[k] & (1u << v)) != 0;
 }
 
 size_t sm70_weight_bytes(const struct sm70_weight *w)
