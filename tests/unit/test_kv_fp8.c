@@ -91,6 +91,10 @@ static int all_logits(const char *dir, enum sm70_dtype k, enum sm70_dtype v,
 	if (ret)
 		fail_msg("load %s: %s", dir, err.msg);
 	*vocab = m->cfg.vocab_size;
+	/* a block holds K and V each in its own dtype (no QSA planes in these fixtures) */
+	assert_int_equal(sm70_model_kv_block_bytes(m),
+			 (size_t)m->cfg.n_attn_layers * 16 * m->kv_lay.n_kv_heads *
+				 m->cfg.head_dim * (sm70_dtype_size(k) + sm70_dtype_size(v)));
 	table = malloc(sizeof(int32_t) * (size_t)n_blocks);
 	for (int b = 0; b < n_blocks; b++)
 		table[b] = b;
