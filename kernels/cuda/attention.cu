@@ -404,8 +404,33 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 			const int nt = min(TP, p1 - (p0 + tt * TP));
 
 			__syncthreads(); /* the last tile's readers are done */
-			ATC_STAGE(kr[d], k_s, KF8, CHK, CPK);
-			ATC_STAGE(vr[d], v_s, VF8, CHV, CPV);
+			if constexpr (KF8 == VF8) {
+				/* K's and V's loads in one loop, as they were made */
+#pragma unroll
+				for (int c = 0; c < CHK; c++) {
+					const int idx = tid + c * TC_THREADS, r = idx / CPK;
+					const int col = (idx - r * CPK) * EPK;
+
+					if (idx >= TP * CPK)
+						break;
+					if (KF8) {
+						uint4 lo, hi;
+
+						e4m3x16_to_f16_scaled(kr[d][c], lo, hi);
+						*(uint4 *)(k_s + r * QS + col) = lo;
+						*(uint4 *)(k_s + r * QS + col + 8) = hi;
+						e4m3x16_to_f16_scaled(vr[d][c], lo, hi);
+						*(uint4 *)(v_s + r * QS + col) = lo;
+						*(uint4 *)(v_s + r * QS + col + 8) = hi;
+					} else {
+						*(uint4 *)(k_s + r * QS + col) = kr[d][c];
+						*(uint4 *)(v_s + r * QS + col) = vr[d][c];
+					}
+				}
+			} else {
+				ATC_STAGE(kr[d], k_s, KF8, CHK, CPK);
+				ATC_STAGE(vr[d], v_s, VF8, CHV, CPV);
+			}
 			if (tt + NPF < ntiles)
 				ATC_LOAD(d, tt + NPF);
 			__syncthreads();

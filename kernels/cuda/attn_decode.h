@@ -8,10 +8,10 @@
  * Split kernel: one block per (token, KV head, split) computes every query head of the GQA
  * group, so each K/V row is read once per group. A tile's rows are copied (FP8 decoded:
  * sm70__e4m3x8_to_f16_scaled; K and V each in its own dtype, kv_pair.h's pairs) into
- * shared memory as f16, then the scores in fp32 FMAs, an
- * online softmax by one warp per head and P V in fp32, two dims a thread. The rows are
- * split over enough blocks to fill the GPU twice; splits write the partials cuda_check.h
- * describes and sm70__cuda_attn_merge combines them.
+ * shared memory as f16, then the scores in fp32 FMAs, an online softmax by one warp per
+ * head and P V in fp32, two dims a thread. The rows are split over enough blocks to fill
+ * the GPU twice; splits write the partials cuda_check.h describes and
+ * sm70__cuda_attn_merge combines them.
  *
  * Reference kernel: one block per (token, head), one thread per output dim, one row at a
  * time through the same online softmax, FP8 decoded the plain way (the NaN code stays
