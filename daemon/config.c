@@ -68,7 +68,8 @@ struct key {
 
 static const char *const backends[] = { "cpu", "cuda", "null", NULL };
 static const char *const load_formats[] = { "auto", "dummy", NULL };
-static const char *const kv_dtypes[] = { "auto", "f32", "f16", "fp8", NULL };
+/* kv_mode.c's words: "fp8" is K FP8-E4M3 with V f16, "fp8-all" both FP8 */
+static const char *const kv_dtypes[] = { "auto", "f32", "f16", "fp8", "fp8-all", NULL };
 static const char *const fast_ref[] = { "fast", "reference", NULL };
 static const char *const cache_scopes[] = { "user", "group", "shared", NULL };
 

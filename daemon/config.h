@@ -112,7 +112,9 @@ struct sm70__config {
 		/* > 0: the KV cache gets this fraction of the memory free before the model loads,
 		 * less the model's weight files (main.c); kv_bytes is then ignored */
 		double kv_memory_fraction;
-		char kv_dtype[SM70__CFG_WORD]; /* "auto" (the backend's), "f32", "f16", "fp8" */
+		/* "auto" (the backend's), "f32", "f16", "fp8" (K FP8-E4M3, V f16), "fp8-all"
+		 * (K and V FP8-E4M3): sm70_engine_opts_kv_mode's words */
+		char kv_dtype[SM70__CFG_WORD];
 		uint32_t prefix_cache;	       /* 1 (default) or 0 */
 		/* who shares cached prefixes: "user" (default: each uid its own), "group"
 		 * (the primary gid), "shared" (everyone; a hit tells one client what another

@@ -403,17 +403,6 @@ static int kv_budget(const struct sm70__config *c, uint64_t *bytes, struct sm70_
 	return 0;
 }
 
-static int parse_kv_dtype(const char *s)
-{
-	if (strcmp(s, "f32") == 0)
-		return SM70_DTYPE_F32;
-	if (strcmp(s, "f16") == 0)
-		return SM70_DTYPE_F16;
-	if (strcmp(s, "fp8") == 0)
-		return SM70_DTYPE_F8E4M3;
-	return SM70_DTYPE_COUNT; /* "auto": the backend's default */
-}
-
 /* Once the model is loaded: one full context (the model's, or limits.max_context_tokens
  * where lower) should fit the KV cache, or a long job is refused (its prompt) or cut
  * short (its generation) whatever else runs. Says so in the log and in `status`, with
@@ -449,7 +438,8 @@ static void engine_opts(const struct sm70__config *c, uint64_t kv_bytes,
 	eo->n_gpus = c->n_gpus < 4 ? (int)c->n_gpus : 4;
 	for (int g = 0; g < eo->n_gpus; g++)
 		eo->gpus[g] = (int)c->gpus[g];
-	eo->kv_dtype = (enum sm70_dtype)parse_kv_dtype(c->engine.kv_dtype);
+	/* the config parser took only kv_mode.c's words; an unknown one keeps "auto" */
+	(void)sm70_engine_opts_kv_mode(eo, c->engine.kv_dtype);
 	eo->no_prefix_cache = !c->engine.prefix_cache;
 	eo->n_threads = (int)c->engine.n_threads;
 	eo->max_seqs = (int)c->engine.max_seqs;

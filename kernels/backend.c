@@ -1,7 +1,7 @@
 /* backend.c - what both backends share: destroying one through its op table, the batch
- * invariance switch from the environment, weight and expert byte counts, and the checks
- * of an NVFP4 matrix handed to prepare_weight and of an NVFP4 expert stack handed to
- * prepare_experts. */
+ * invariance switch from the environment, the KV dtypes a backend reads, weight and expert
+ * byte counts, and the checks of an NVFP4 matrix handed to prepare_weight and of an NVFP4
+ * expert stack handed to prepare_experts. */
 #include "kernels/backend.h"
 
 #include <errno.h>
@@ -20,6 +20,15 @@ int sm70_batch_invariant_env(void)
 	const char *v = getenv("SM70_BATCH_INVARIANT");
 
 	return v && strcmp(v, "1") == 0;
+}
+
+int sm70_backend_reads_kv(const struct sm70_backend *be, enum sm70_dtype k, enum sm70_dtype v)
+{
+	if ((unsigned)k >= SM70_DTYPE_COUNT || (unsigned)v >= SM70_DTYPE_COUNT)
+		return 0;
+	if (!(be->kv_dtypes & (1u << k)))
+		return 0;
+	return v == k || (be->kv_v_dtypes[k] & (1u << v)) != 0;
 }
 
 size_t sm70_weight_bytes(const struct sm70_weight *w)

@@ -104,8 +104,9 @@ struct sm70_moe_route {
 
 /* One layer's paged KV cache: n_blocks blocks of block_size tokens; within a block,
  * token-major then head then dim: k[((blk * block_size + off) * n_kv_heads + h) * head_dim
- * + d]. A "slot" is blk * block_size + off. dtype f32, f16 or f8e4m3 (CPU), f16 or
- * f8e4m3 (CUDA); FP8 values are stored as x / scale. */
+ * + d], v the same in V's dtype. A "slot" is blk * block_size + off. K and V dtypes:
+ * any of f32, f16, f8e4m3 each (CPU); f16/f16, f8e4m3/f8e4m3 or f8e4m3/f16 (CUDA). FP8
+ * values are stored as x / scale (k_scale for K, v_scale for V). */
 struct sm70_kv_layer {
 	void *k;
 	void *v;
@@ -113,13 +114,30 @@ struct sm70_kv_layer {
 	float v_scale;
 };
 
+/* V's dtype in a layout. SM70_KV_V_AS_K (0: what an omitted initialiser gives) stores V in
+ * K's dtype; SM70_KV_V(t) stores it as t. Read it with sm70_kv_v_dtype. A distinct type so
+ * that assigning a plain enum sm70_dtype here draws -Wenum-conversion. */
+enum sm70_kv_v_dtype {
+	SM70_KV_V_AS_K = 0,
+	SM70__KV_V_END = SM70_DTYPE_COUNT + 1 /* spans SM70_KV_V's values (C++ needs it) */
+};
+#define SM70_KV_V(t) ((enum sm70_kv_v_dtype)((int)(t) + 1))
+
 struct sm70_kv_layout {
-	enum sm70_dtype dtype;
+	enum sm70_dtype dtype; /* K's (and V's, unless v_dtype says otherwise) */
 	int n_blocks;
 	int block_size;
 	int n_kv_heads;
 	int head_dim;
+	enum sm70_kv_v_dtype v_dtype;
 };
+
+/* V's element dtype in lay. */
+static inline enum sm70_dtype sm70_kv_v_dtype(const struct sm70_kv_layout *lay)
+{
+	return lay->v_dtype == SM70_KV_V_AS_K ? lay->dtype :
+						(enum sm70_dtype)((int)lay->v_dtype - 1);
+}
 
 /*
  * The recurrent state of one linear-attention (Gated DeltaNet) layer for n_slots
@@ -591,9 +609,12 @@ struct sm70_backend {
 	/* The dtype matrices must be stored in on this backend, or SM70_DTYPE_COUNT to keep
 	 * the checkpoint's (the CPU reads f32, f16 and bf16; CUDA wants f16). */
 	enum sm70_dtype weight_dtype;
-	/* KV cache dtypes this backend's kernels read, as a mask of 1u << dtype; the
-	 * default is used unless the configuration asks for another supported one. */
+	/* KV cache dtypes this backend's kernels read, as a mask of 1u << dtype: K's, with V
+	 * in the same dtype. kv_v_dtypes[k]: the other V dtypes they read beside a K of
+	 * dtype k (mask of 1u << dtype; 0: none). Ask through sm70_backend_reads_kv. The
+	 * default (V like K) is used unless the configuration asks for another mode. */
 	unsigned kv_dtypes;
+	unsigned kv_v_dtypes[SM70_DTYPE_COUNT];
 	enum sm70_dtype kv_dtype_default;
 	/* Batch invariance (docs/ENGINE.md, "Batch invariance"): when set, what every op
 	 * computes for a token's row is bitwise the same whatever other rows share the call
@@ -632,6 +653,9 @@ int sm70__nvfp4_experts_check(const struct sm70_experts *host_modelopt, struct s
 /* 1 when the environment asks for batch invariance (SM70_BATCH_INVARIANT=1), else 0: what
  * every backend's constructor puts in struct sm70_backend's batch_invariant. */
 int sm70_batch_invariant_env(void);
+
+/* 1 when be's kernels read a KV cache of K dtype k and V dtype v, else 0. */
+int sm70_backend_reads_kv(const struct sm70_backend *be, enum sm70_dtype k, enum sm70_dtype v);
 
 /* Destroys a backend made by any constructor (NULL is fine). */
 void sm70_backend_destroy(struct sm70_backend *be);

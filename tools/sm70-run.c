@@ -52,7 +52,7 @@ static void usage(FILE *f)
 		"  more: [--stop-ids 1,2] [--stop STRING]... [--ignore-eos] [--threads N]\n"
 		"        [--block-size N] [--system TEXT] [--no-thinking] [--keep-special]\n"
 		"        [--tp N] [--gpus 0,1,...] [--batch-invariant]\n"
-		"        [--kv-blocks N] [--max-batch-tokens N] [--kv-dtype f32|f16|fp8]\n"
+		"        [--kv-blocks N] [--max-batch-tokens N] [--kv-dtype f32|f16|fp8|fp8-all]\n"
 		"       sm70-run --help | --version\n"
 		"Temperature 0 (the default) is greedy decoding. A prompt file holds token ids\n"
 		"separated by commas or white space. --prompt TEXT is a raw text prompt, --chat\n"
@@ -366,14 +366,9 @@ int main(int argc, char **argv)
 			eo.max_batch_tokens = (int)v;
 			break;
 		case O_KV16:
-			if (strcmp(optarg, "f32") == 0)
-				eo.kv_dtype = SM70_DTYPE_F32;
-			else if (strcmp(optarg, "f16") == 0)
-				eo.kv_dtype = SM70_DTYPE_F16;
-			else if (strcmp(optarg, "fp8") == 0)
-				eo.kv_dtype = SM70_DTYPE_F8E4M3;
-			else
-				return die_usage("--kv-dtype must be f32, f16 or fp8, not '%s'", optarg);
+			if (sm70_engine_opts_kv_mode(&eo, optarg))
+				return die_usage("--kv-dtype must be " SM70_KV_MODE_WORDS
+						 ", not '%s'", optarg);
 			break;
 		case O_TP:
 			if (sm70__cli_parse_int(optarg, 1, 4, &v))

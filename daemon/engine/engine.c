@@ -101,6 +101,7 @@ void sm70_engine_opts_default(struct sm70_engine_opts *o)
 	o->block_size = 16;
 	o->kv_bytes = (size_t)256 << 20;
 	o->kv_dtype = SM70_DTYPE_COUNT;
+	o->kv_v_dtype = SM70_DTYPE_COUNT;
 	/* the switch back to the DeltaNet reference path; callers may still override it */
 	env = getenv("SM70_GDN");
 	o->gdn_recurrent = env && strcmp(env, "reference") == 0;
@@ -295,8 +296,19 @@ static void watch_uploads(struct sm70_engine *e, int watch)
 		watched.p = NULL;
 }
 
+/* The KV cache's K and V dtypes: the options', or the backend's default (V like K). */
+static enum sm70_dtype kv_k_dtype(const struct sm70_engine *e)
+{
+	return e->opts.kv_dtype != SM70_DTYPE_COUNT ? e->opts.kv_dtype : e->be->kv_dtype_default;
+}
+
+static enum sm70_dtype kv_v_dtype(const struct sm70_engine *e)
+{
+	return e->opts.kv_v_dtype != SM70_DTYPE_COUNT ? e->opts.kv_v_dtype : kv_k_dtype(e);
+}
+
 /* The first steps of sm70_engine_open and sm70_engine_check: the backends, the
- * checkpoint (config.json, the weight files' headers and index), the KV dtype. */
+ * checkpoint (config.json, the weight files' headers and index), the KV dtypes. */
 static int open_parts(struct sm70_engine *e, const char *model_dir, struct sm70_err *err)
 {
 	const struct sm70_engine_opts *opts = &e->opts;
@@ -310,10 +322,14 @@ static int open_parts(struct sm70_engine *e, const char *model_dir, struct sm70_
 		ret = sm70_ckpt_open(&e->ck, model_dir, err);
 	if (ret)
 		return ret;
-	if (opts->kv_dtype != SM70_DTYPE_COUNT &&
-	    ((unsigned)opts->kv_dtype >= 32 || !(e->be->kv_dtypes & (1u << opts->kv_dtype))))
-		return sm70_errf(err, -EINVAL, "the %s backend cannot hold the KV cache as %s",
-				 e->be->name, sm70_dtype_name(opts->kv_dtype));
+	if (opts->kv_dtype != SM70_DTYPE_COUNT || opts->kv_v_dtype != SM70_DTYPE_COUNT) {
+		enum sm70_dtype k = kv_k_dtype(e), v = kv_v_dtype(e);
+
+		if (!sm70_backend_reads_kv(e->be, k, v))
+			return sm70_errf(err, -EINVAL, "the %s backend cannot hold the KV cache as "
+					 "K %s, V %s", e->be->name, sm70_dtype_name(k),
+					 sm70_dtype_name(v));
+	}
 	return 0;
 }
 
@@ -327,8 +343,9 @@ static struct sm70_model_opts model_opts(const struct sm70_engine *e)
 		.block_size = opts->block_size,
 		.n_blocks = opts->kv_blocks,
 		.kv_bytes = opts->kv_bytes,
-		.kv_dtype = opts->kv_dtype != SM70_DTYPE_COUNT ? opts->kv_dtype :
-			    e->be->kv_dtype_default,
+		.kv_dtype = kv_k_dtype(e),
+		.kv_v_dtype = kv_v_dtype(e) == kv_k_dtype(e) ? SM70_KV_V_AS_K :
+							       SM70_KV_V(kv_v_dtype(e)),
 		.dummy = opts->dummy_weights,
 		.dummy_seed = opts->dummy_seed,
 		.state_slots = opts->state_slots,

@@ -75,7 +75,8 @@ struct sm70_engine_opts {
 	int block_size;           /* KV tokens per block (default 16) */
 	int kv_blocks;            /* 0: from kv_bytes */
 	size_t kv_bytes;          /* KV budget when kv_blocks is 0 (default 256 MiB) */
-	enum sm70_dtype kv_dtype; /* SM70_DTYPE_COUNT: the backend's default */
+	enum sm70_dtype kv_dtype; /* K's (and V's); SM70_DTYPE_COUNT: the backend's default */
+	enum sm70_dtype kv_v_dtype; /* V's when it differs; SM70_DTYPE_COUNT: like K */
 	int no_prefix_cache;      /* turn prefix caching off */
 	int state_slots;          /* recurrent-state slots; 0: max_seqs (recurrent models) */
 	int gdn_recurrent;        /* DeltaNet prefill by the recurrence, not the chunked form */
@@ -175,6 +176,19 @@ struct sm70_engine;
 /* Fills opts with the defaults (SM70_GDN=reference in the environment sets gdn_recurrent,
  * SM70_BATCH_INVARIANT=1 batch_invariant). */
 void sm70_engine_opts_default(struct sm70_engine_opts *o);
+
+/*
+ * The KV cache modes by the words engine.kv_dtype, sm70-run and sm70-bench take (kv_mode.c):
+ * "auto" the backend's default; "f32", "f16" K and V in that dtype; "fp8" K in FP8-E4M3
+ * and V in f16 (the accurate one: E4M3's rounding of V is what costs accuracy); "fp8-all"
+ * K and V in FP8-E4M3 (the smallest). sm70_engine_opts_kv_mode sets o->kv_dtype and
+ * o->kv_v_dtype from word: 0, or -EINVAL for another word (o unchanged).
+ * sm70_kv_mode_name is the word of a K/V pair (v SM70_DTYPE_COUNT: like K), or NULL.
+ * SM70_KV_MODE_WORDS lists the words for messages.
+ */
+#define SM70_KV_MODE_WORDS "auto, f32, f16, fp8 (K FP8-E4M3, V f16) or fp8-all"
+int sm70_engine_opts_kv_mode(struct sm70_engine_opts *o, const char *word);
+const char *sm70_kv_mode_name(enum sm70_dtype k, enum sm70_dtype v);
 
 /* Loads the model in model_dir onto the chosen backend. Returns 0 or -errno with err
  * naming the problem (bad checkpoint, no GPU, ...). */

@@ -45,12 +45,18 @@ static size_t qsa_token_bytes(const struct sm70_model *m)
 						    0;
 }
 
+/* One token's K and V bytes on one rank, for one attention layer. */
+static size_t kv_token_bytes(const struct sm70_model *m)
+{
+	size_t el = sm70_dtype_size(m->kv_lay.dtype) + sm70_dtype_size(sm70_kv_v_dtype(&m->kv_lay));
+
+	return (size_t)m->kv_lay.n_kv_heads * (size_t)m->cfg.head_dim * el;
+}
+
 size_t sm70_model_kv_block_bytes(const struct sm70_model *m)
 {
 	return (size_t)m->cfg.n_attn_layers * (size_t)m->opts.block_size *
-	       (2 * (size_t)m->kv_lay.n_kv_heads * (size_t)m->cfg.head_dim *
-			sm70_dtype_size(m->opts.kv_dtype) +
-		qsa_token_bytes(m));
+	       (kv_token_bytes(m) + qsa_token_bytes(m));
 }
 
 /* One slot of rank r's recurrent layers: conv window (act) and delta-rule state (f32). */
@@ -84,6 +90,11 @@ size_t sm70_model_state_bytes(const struct sm70_model *m)
 	return sm70_model_state_slot_bytes(m) * (size_t)(m->n_state_slots + 1);
 }
 
+static int kv_dtype_ok(enum sm70_dtype t)
+{
+	return t == SM70_DTYPE_F32 || t == SM70_DTYPE_F16 || t == SM70_DTYPE_F8E4M3;
+}
+
 static int check_opts(const struct sm70_model_opts *o, struct sm70_err *err)
 {
 	if (o->max_tokens <= 0 || o->max_seqs <= 0 || o->max_seqs > o->max_tokens)
@@ -91,10 +102,13 @@ static int check_opts(const struct sm70_model_opts *o, struct sm70_err *err)
 				 "with max_seqs <= max_tokens", o->max_tokens, o->max_seqs);
 	if (o->block_size <= 0 || o->block_size > 4096)
 		return sm70_errf(err, -EINVAL, "block_size %d out of range 1..4096", o->block_size);
-	if (o->kv_dtype != SM70_DTYPE_F32 && o->kv_dtype != SM70_DTYPE_F16 &&
-	    o->kv_dtype != SM70_DTYPE_F8E4M3)
+	if (!kv_dtype_ok(o->kv_dtype))
 		return sm70_errf(err, -EINVAL, "KV cache dtype %s is not supported",
 				 sm70_dtype_name(o->kv_dtype));
+	if (o->kv_v_dtype != SM70_KV_V_AS_K && (o->kv_v_dtype >= SM70__KV_V_END ||
+						!kv_dtype_ok((enum sm70_dtype)(o->kv_v_dtype - 1))))
+		return sm70_errf(err, -EINVAL, "KV cache V dtype code %d is not supported",
+				 (int)o->kv_v_dtype);
 	return 0;
 }
 
@@ -126,10 +140,11 @@ static int alloc_qsa(struct sm70_model *m, int r, size_t slots, struct sm70_err 
  * allocates each rank's share of it. */
 static int alloc_kv(struct sm70_model *m, struct sm70_err *err)
 {
-	size_t per_block, layer_bytes;
+	size_t per_block, elems, k_bytes, v_bytes;
 	long n = m->opts.n_blocks;
 
 	m->kv_lay.dtype = m->opts.kv_dtype;
+	m->kv_lay.v_dtype = m->opts.kv_v_dtype;
 	m->kv_lay.block_size = m->opts.block_size;
 	m->kv_lay.n_kv_heads = m->rank[0].kv_heads;
 	m->kv_lay.head_dim = m->cfg.head_dim;
@@ -144,8 +159,9 @@ static int alloc_kv(struct sm70_model *m, struct sm70_err *err)
 		n = INT32_MAX / m->opts.block_size;
 	m->kv_lay.n_blocks = (int)n;
 	/* one block more than the pool: the scratch block padding rows of graphs write to */
-	layer_bytes = (size_t)(n + 1) * m->opts.block_size * m->kv_lay.n_kv_heads *
-		      m->cfg.head_dim * sm70_dtype_size(m->opts.kv_dtype);
+	elems = (size_t)(n + 1) * m->opts.block_size * m->kv_lay.n_kv_heads * m->cfg.head_dim;
+	k_bytes = elems * sm70_dtype_size(m->kv_lay.dtype);
+	v_bytes = elems * sm70_dtype_size(sm70_kv_v_dtype(&m->kv_lay));
 
 	for (int r = 0; r < m->tp; r++) {
 		struct sm70_model_rank *rk = &m->rank[r];
@@ -157,14 +173,14 @@ static int alloc_kv(struct sm70_model *m, struct sm70_err *err)
 		for (int l = 0; l < m->cfg.n_layers; l++) {
 			if (m->cfg.layer_kind[l] != SM70_LAYER_ATTENTION)
 				continue;
-			rk->kv[l].k = be->ops->buf_alloc(be, layer_bytes);
-			rk->kv[l].v = be->ops->buf_alloc(be, layer_bytes);
+			rk->kv[l].k = be->ops->buf_alloc(be, k_bytes);
+			rk->kv[l].v = be->ops->buf_alloc(be, v_bytes);
 			rk->kv[l].k_scale = 1.0f;
 			rk->kv[l].v_scale = 1.0f;
 			if (!rk->kv[l].k || !rk->kv[l].v)
 				return sm70_errf(err, -ENOMEM, "cannot allocate the KV cache of "
-						 "layer %d (%zu bytes for K and as many for V on %s, "
-						 "rank %d)", l, layer_bytes, be->name, r);
+						 "layer %d (%zu bytes for K and %zu for V on %s, "
+						 "rank %d)", l, k_bytes, v_bytes, be->name, r);
 		}
 		if (qsa_token_bytes(m)) {
 			int ret = alloc_qsa(m, r, (size_t)(n + 1) * m->opts.block_size, err);

@@ -38,7 +38,8 @@ struct sm70_model_opts {
 	int block_size;       /* KV cache tokens per block */
 	int n_blocks;         /* KV cache blocks; 0: size from kv_bytes */
 	size_t kv_bytes;      /* KV cache budget when n_blocks is 0 */
-	enum sm70_dtype kv_dtype;
+	enum sm70_dtype kv_dtype;       /* K's (and V's unless kv_v_dtype says otherwise) */
+	enum sm70_kv_v_dtype kv_v_dtype; /* as struct sm70_kv_layout's; 0: V like K */
 	int dummy;            /* make deterministic pseudo-random weights, read no tensors */
 	uint64_t dummy_seed;
 	/* check only (sm70d --check-config): every lookup and every name, shape and dtype

@@ -6,7 +6,8 @@
  * scratch slice, the max-subtracted softmax (exp in f32, the normaliser summed in
  * double), then the probability-weighted sum of V rows into the output row. That is
  * eager PyTorch's order: matmul, scale, softmax, matmul. K/V stored as f16 or FP8 are
- * converted element by element on the way in (FP8 as e4m3 * scale).
+ * converted element by element on the way in (FP8 as e4m3 * scale); K and V may differ
+ * in dtype (the layout's dtype and sm70_kv_v_dtype).
  *
  * If scratch could not be had (or a token's position is past b->max_pos), the task
  * recomputes the scores in two passes instead: max first, then exp, sum and the V sum
@@ -117,7 +118,7 @@ static void attend_head(float *out, const float *q, const struct sm70_kv_layer *
 			const int32_t *pos, int n, float scale, float *scores)
 {
 	const int hd = lay->head_dim, bs = lay->block_size;
-	const enum sm70_dtype t = lay->dtype;
+	const enum sm70_dtype t = lay->dtype, vt = sm70_kv_v_dtype(lay);
 	const float ks = kv->k_scale, vs = kv->v_scale;
 	const size_t head_off = (size_t)kv_head * hd;
 	const size_t row = (size_t)lay->n_kv_heads * hd;
@@ -145,7 +146,7 @@ static void attend_head(float *out, const float *q, const struct sm70_kv_layer *
 			size_t slot = attn_slot(bt, bs, pos ? pos[i] : i);
 			float pr = scores[i] / norm;
 
-			kv_axpy(out, pr, kv->v, slot * row + head_off, t, vs, hd);
+			kv_axpy(out, pr, kv->v, slot * row + head_off, vt, vs, hd);
 		}
 		return;
 	}
@@ -162,7 +163,7 @@ static void attend_head(float *out, const float *q, const struct sm70_kv_layer *
 		float e = expf(s - mx);
 
 		sum += e;
-		kv_axpy(out, e, kv->v, slot * row + head_off, t, vs, hd);
+		kv_axpy(out, e, kv->v, slot * row + head_off, vt, vs, hd);
 	}
 	norm = (float)sum;
 	for (int d = 0; d < hd; d++)

@@ -190,6 +190,10 @@ int sm70_backend_cpu_create(struct sm70_backend **out, int n_threads, struct sm7
 	c->be.weight_dtype = SM70_DTYPE_COUNT; /* matmul reads f32, f16 and bf16 as stored */
 	c->be.kv_dtypes = (1u << SM70_DTYPE_F32) | (1u << SM70_DTYPE_F16) |
 			  (1u << SM70_DTYPE_F8E4M3);
+	/* row conversions are per tensor: any V dtype goes with any K dtype */
+	for (int t = 0; t < SM70_DTYPE_COUNT; t++)
+		if (c->be.kv_dtypes & (1u << t))
+			c->be.kv_v_dtypes[t] = c->be.kv_dtypes & ~(1u << t);
 	c->be.kv_dtype_default = SM70_DTYPE_F32;
 	c->be.batch_invariant = sm70_batch_invariant_env();
 	c->be.priv = c;

@@ -3,7 +3,8 @@
  *
  * The CPU cache holds f32, f16 (rounded to nearest even) or FP8-E4M3 (the value divided
  * by the layer's scale, saturating at +-448), the same encodings the CUDA backend uses,
- * so a cache written by one can be checked against the other.
+ * so a cache written by one can be checked against the other. K and V each take their
+ * own dtype (the layout's dtype and sm70_kv_v_dtype).
  *
  * Non-goals: per-head or per-token scales.
  */
@@ -60,11 +61,11 @@ static void kv_rows(void *ctx, int begin, int end, int thread)
 		kv_store(j->kv->k, (size_t)slot * row, j->k + (size_t)i * (size_t)j->ld, row,
 			 lay->dtype, j->kv->k_scale);
 		kv_store(j->kv->v, (size_t)slot * row, j->v + (size_t)i * (size_t)j->ld, row,
-			 lay->dtype, j->kv->v_scale);
+			 sm70_kv_v_dtype(lay), j->kv->v_scale);
 	}
 }
 
-/* See backend.h. Cache dtype f32, f16 or f8e4m3; rows whose slot is negative or beyond
+/* See backend.h. K and V dtypes f32, f16 or f8e4m3, each; rows whose slot is negative or beyond
  * the cache are skipped. */
 void sm70__cpu_kv_write(struct sm70_backend *be, const struct sm70_kv_layer *kv,
 			const struct sm70_kv_layout *lay, const void *k, const void *v, int ld,

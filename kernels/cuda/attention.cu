@@ -1,6 +1,7 @@
 /*
  * attention.cu - the CUDA attention op: causal attention of each new token over its
- * sequence's paged KV cache (f16 or FP8-E4M3), f16 q and out, fp32 softmax.
+ * sequence's paged KV cache (K and V each f16 or FP8-E4M3: kv_pair.h's three pairs), f16
+ * q and out, fp32 softmax.
  *
  * Fast path (tensor cores, head_dim 32/64/128/256, up to 16 query heads per KV head): one
  * block of 8 warps per (token, KV head, split) computes every query head of the GQA group,
@@ -10,11 +11,12 @@
  * warp per head (P rounded to f16, as flash attention does), then O += P V, the running
  * O held in accumulator fragments and rescaled by a fragment loaded from a 16x16 matrix of
  * each row's factor (the fragment layout is opaque; this keeps no row map in registers).
- * The next tile's K and V are loaded into registers (FP8: two tiles ahead) while the
- * current one is multiplied, so memory stays busy; the first tiles' loads go out before q
- * is staged. Positions are split over enough blocks to fill every SM once (split-KV); each
- * split writes (unnormalised sum, max, normaliser) to the backend's scratch and a merge
- * kernel combines them (weights in one pass, then 16-byte loads of every split at once).
+ * The next tile's K and V are loaded into registers (FP8: two tiles ahead; K FP8 with V
+ * f16 mostly two as well, see attn_tc_npf) while the current one is multiplied, so memory
+ * stays busy; the first tiles' loads go out before q is staged. Positions are split over
+ * enough blocks to fill every SM once (split-KV); each split writes (unnormalised sum,
+ * max, normaliser) to the backend's scratch and a merge kernel combines them (weights in
+ * one pass, then 16-byte loads of every split at once).
  *
  * The fp32 SIMT kernel (SM70_ATTENTION=simt, or shapes the tensor-core path does not
  * take): one block per (token, KV head, split) as above, tiles copied (FP8 decoded) into
@@ -264,9 +266,47 @@ static __device__ void attn_fold_merge(const struct sm70__attn_args &a, int tok,
 		a.count[blockIdx.x] = 0;
 }
 
+/* One tensor's 16-byte loads of tile t (positions p0 + t*TP ...) into its registers regs
+ * (CH_ of them, CP_ a row, EP_ values each, SZ_ bytes a value); rows past the range read
+ * as zero so that 0 * garbage never reaches P V. attn_tc_kernel's, in its scope. */
+#define ATC_LOAD_ONE(regs, cache, t, CH_, CP_, EP_, SZ_)                                  \
+	do {                                                                              \
+		const int t0_ = p0 + (t) * TP, nt_ = min(TP, p1 - t0_);                   \
+		_Pragma("unroll") for (int c = 0; c < (CH_); c++) {                       \
+			const int idx_ = tid + c * TC_THREADS, r_ = idx_ / (CP_);         \
+			(regs)[c] = make_uint4(0, 0, 0, 0);                               \
+			if (idx_ < TP * (CP_) && r_ < nt_) {                              \
+				const int p_ = t0_ + r_;                                  \
+				const size_t slot_ = (size_t)bt[p_ / a.bs] * a.bs + p_ % a.bs; \
+				const size_t off_ = ((slot_ * a.n_kv + kvh) * D +         \
+						     (size_t)(idx_ - r_ * (CP_)) * (EP_)) * (SZ_); \
+				(regs)[c] = __ldg((const uint4 *)((const char *)(cache) + off_)); \
+			}                                                                 \
+		}                                                                         \
+	} while (0)
+
+/* One tensor's registers regs (CH_ loads, CP_ a row) into its f16 tile, FP8_ decoded. */
+#define ATC_STAGE(regs, tile, FP8_, CH_, CP_)                                             \
+	do {                                                                              \
+		_Pragma("unroll") for (int c = 0; c < (CH_); c++) {                       \
+			const int idx_ = tid + c * TC_THREADS, r_ = idx_ / (CP_);         \
+			const int col_ = (idx_ - r_ * (CP_)) * ((FP8_) ? 16 : 8);         \
+			if (idx_ >= TP * (CP_))                                           \
+				break;                                                    \
+			if (FP8_) {                                                       \
+				uint4 lo_, hi_;                                           \
+				e4m3x16_to_f16_scaled((regs)[c], lo_, hi_);               \
+				*(uint4 *)((tile) + r_ * QS + col_) = lo_;                \
+				*(uint4 *)((tile) + r_ * QS + col_ + 8) = hi_;            \
+			} else {                                                          \
+				*(uint4 *)((tile) + r_ * QS + col_) = (regs)[c];          \
+			}                                                                 \
+		}                                                                         \
+	} while (0)
+
 /* One block of 8 warps per (token, KV head, split), TP positions a tile, NPF tiles loaded
- * ahead into registers. */
-template <int D, bool FP8, int TP, int NPF>
+ * ahead into registers; K in FP8 when KF8, V when VF8 (else f16). */
+template <int D, bool KF8, bool VF8, int TP, int NPF>
 static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm70__attn_args a)
 {
 	sm70__pdl_enter();
@@ -274,9 +314,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 	using L = tcl<D, TP>;
 	typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_t;
 	constexpr int QS = L::QS, SS = L::SS, PS = L::PS, NSPL = L::NSPL;
-	constexpr int EPC = FP8 ? 16 : 8;                       /* values per 16-byte load */
-	constexpr int CPR = D / EPC;                            /* loads per row */
-	constexpr int CH = (TP * CPR + TC_THREADS - 1) / TC_THREADS; /* loads a thread */
+	constexpr int EPK = KF8 ? 16 : 8, EPV = VF8 ? 16 : 8; /* values per 16-byte load */
+	constexpr int CPK = D / EPK, CPV = D / EPV;           /* loads per row */
+	constexpr int CHK = (TP * CPK + TC_THREADS - 1) / TC_THREADS; /* loads a thread */
+	constexpr int CHV = (TP * CPV + TC_THREADS - 1) / TC_THREADS;
+	constexpr size_t KSZ = KF8 ? 1 : 2, VSZ = VF8 ? 1 : 2; /* bytes a value */
 	constexpr int NCT = (D / 16 + TC_WARPS - 1) / TC_WARPS; /* O column tiles a warp */
 	constexpr float LOG2E = 1.4426950408889634f;
 	extern __shared__ __align__(128) unsigned char sm[];
@@ -299,26 +341,34 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 	const int32_t *bt = a.block_tables + (size_t)a.tok_seq[tok] * a.max_blocks;
 	const __half *qt = a.q + (size_t)tok * a.q_ld + (size_t)kvh * G * D;
 	const float kmul = a.k_mul * LOG2E; /* scores in log2 units: exp2f below */
-	const size_t esz = FP8 ? 1 : 2;
-	uint4 kr[NPF][CH], vr[NPF][CH];
+	uint4 kr[NPF][CHK], vr[NPF][CHV];
 	acc_t acc[NCT];
 
-	/* K and V of tile t (positions p0 + t*TP ...) into register slot d; rows past the
-	 * range read as zero so that 0 * garbage never reaches P V. */
+	/* K and V of tile t into register slot d. One dtype: each load's slot serves K and V;
+	 * K FP8 with V f16: a row's K is half the loads of its V, so each has its own. */
 #define ATC_LOAD(d, t)                                                                    \
 	do {                                                                              \
-		const int t0_ = p0 + (t) * TP, nt_ = min(TP, p1 - t0_);                   \
-		_Pragma("unroll") for (int c = 0; c < CH; c++) {                          \
-			const int idx_ = tid + c * TC_THREADS, r_ = idx_ / CPR;           \
-			kr[d][c] = vr[d][c] = make_uint4(0, 0, 0, 0);                     \
-			if (idx_ < TP * CPR && r_ < nt_) {                                \
-				const int p_ = t0_ + r_;                                  \
-				const size_t slot_ = (size_t)bt[p_ / a.bs] * a.bs + p_ % a.bs; \
-				const size_t off_ = ((slot_ * a.n_kv + kvh) * D +         \
-						     (size_t)(idx_ - r_ * CPR) * EPC) * esz; \
-				kr[d][c] = __ldg((const uint4 *)((const char *)a.kc + off_)); \
-				vr[d][c] = __ldg((const uint4 *)((const char *)a.vc + off_)); \
+		if constexpr (KF8 == VF8) {                                               \
+			const int t0_ = p0 + (t) * TP, nt_ = min(TP, p1 - t0_);           \
+			_Pragma("unroll") for (int c = 0; c < CHK; c++) {                 \
+				const int idx_ = tid + c * TC_THREADS, r_ = idx_ / CPK;   \
+				kr[d][c] = vr[d][c] = make_uint4(0, 0, 0, 0);             \
+				if (idx_ < TP * CPK && r_ < nt_) {                        \
+					const int p_ = t0_ + r_;                          \
+					const size_t slot_ =                              \
+						(size_t)bt[p_ / a.bs] * a.bs + p_ % a.bs; \
+					const size_t off_ = ((slot_ * a.n_kv + kvh) * D + \
+							     (size_t)(idx_ - r_ * CPK) * EPK) * \
+							    KSZ;                          \
+					kr[d][c] = __ldg((const uint4 *)((const char *)a.kc +     \
+									 off_));                  \
+					vr[d][c] = __ldg((const uint4 *)((const char *)a.vc +     \
+									 off_));                  \
+				}                                                         \
 			}                                                                 \
+		} else {                                                                  \
+			ATC_LOAD_ONE(kr[d], a.kc, t, CHK, CPK, EPK, KSZ);                 \
+			ATC_LOAD_ONE(vr[d], a.vc, t, CHV, CPV, EPV, VSZ);                 \
 		}                                                                         \
 	} while (0)
 
@@ -357,26 +407,32 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 			const int nt = min(TP, p1 - (p0 + tt * TP));
 
 			__syncthreads(); /* the last tile's readers are done */
+			if constexpr (KF8 == VF8) {
+				/* K's and V's loads in one loop, as they were made */
 #pragma unroll
-			for (int c = 0; c < CH; c++) {
-				const int idx = tid + c * TC_THREADS, r = idx / CPR;
-				const int col = (idx - r * CPR) * EPC;
+				for (int c = 0; c < CHK; c++) {
+					const int idx = tid + c * TC_THREADS, r = idx / CPK;
+					const int col = (idx - r * CPK) * EPK;
 
-				if (idx >= TP * CPR)
-					break;
-				if (FP8) {
-					uint4 lo, hi;
+					if (idx >= TP * CPK)
+						break;
+					if (KF8) {
+						uint4 lo, hi;
 
-					e4m3x16_to_f16_scaled(kr[d][c], lo, hi);
-					*(uint4 *)(k_s + r * QS + col) = lo;
-					*(uint4 *)(k_s + r * QS + col + 8) = hi;
-					e4m3x16_to_f16_scaled(vr[d][c], lo, hi);
-					*(uint4 *)(v_s + r * QS + col) = lo;
-					*(uint4 *)(v_s + r * QS + col + 8) = hi;
-				} else {
-					*(uint4 *)(k_s + r * QS + col) = kr[d][c];
-					*(uint4 *)(v_s + r * QS + col) = vr[d][c];
+						e4m3x16_to_f16_scaled(kr[d][c], lo, hi);
+						*(uint4 *)(k_s + r * QS + col) = lo;
+						*(uint4 *)(k_s + r * QS + col + 8) = hi;
+						e4m3x16_to_f16_scaled(vr[d][c], lo, hi);
+						*(uint4 *)(v_s + r * QS + col) = lo;
+						*(uint4 *)(v_s + r * QS + col + 8) = hi;
+					} else {
+						*(uint4 *)(k_s + r * QS + col) = kr[d][c];
+						*(uint4 *)(v_s + r * QS + col) = vr[d][c];
+					}
 				}
+			} else {
+				ATC_STAGE(kr[d], k_s, KF8, CHK, CPK);
+				ATC_STAGE(vr[d], v_s, VF8, CHV, CPV);
 			}
 			if (tt + NPF < ntiles)
 				ATC_LOAD(d, tt + NPF);
@@ -474,6 +530,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 		}
 	}
 #undef ATC_LOAD
+#undef ATC_LOAD_ONE
+#undef ATC_STAGE
 
 	/* O through shared memory (the K tile's space) to plain rows */
 	__syncthreads();
@@ -517,7 +575,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 
 /* Queues the tensor-core kernel (and the merge when split). -ENOSPC: the shape does not
  * fit this device; the caller falls back. */
-template <int D, bool FP8, int TP, int NPF>
+template <int D, bool KF8, bool VF8, int TP, int NPF>
 static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_tokens, int max_pos)
 {
 	/* per process: the first device's answers (a process drives one kind of GPU) */
@@ -535,12 +593,12 @@ static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_
 		int r = 0;
 
 		if (SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
-						    attn_tc_kernel<D, FP8, TP, NPF>,
+						    attn_tc_kernel<D, KF8, VF8, TP, NPF>,
 						    cudaFuncAttributeMaxDynamicSharedMemorySize,
 						    (int)smem)) ||
 		    SM70_CUDA_CHECK(&c->be, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-						    &r, attn_tc_kernel<D, FP8, TP, NPF>, TC_THREADS,
-						    smem)))
+						    &r, attn_tc_kernel<D, KF8, VF8, TP, NPF>,
+						    TC_THREADS, smem)))
 			return -EIO;
 		resident = r;
 		slot = r + 1;
@@ -555,7 +613,7 @@ static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_
 	if (c->attn_count && a.nsplit > 1 && blocks <= SM70__CUDA_ATTN_COUNTERS &&
 	    (size_t)2 * a.group * a.nsplit * sizeof(float) <= smem)
 		a.count = c->attn_count;
-	sm70__launch_pdl(c, SM70__PDL_ATTN, attn_tc_kernel<D, FP8, TP, NPF>,
+	sm70__launch_pdl(c, SM70__PDL_ATTN, attn_tc_kernel<D, KF8, VF8, TP, NPF>,
 			 dim3((unsigned)blocks, a.nsplit), dim3(TC_THREADS), smem, a);
 	if (SM70_CUDA_LAUNCHED(&c->be, "attn_tc_kernel"))
 		return -EIO;
@@ -564,15 +622,33 @@ static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_
 	return 0;
 }
 
-/* 64-position tiles, FP8 two tiles ahead; 32 for head_dim 256 where shared memory is
- * small (before sm_80). */
-template <int D, bool FP8>
+/*
+ * Tiles loaded ahead (NPF). 64-position tiles: f16 one, FP8 two (the same bytes in flight,
+ * in the same registers); 32-position tiles (head_dim 256 where shared memory is small,
+ * before sm_80: less work a tile to cover a load) twice that. A tile of K FP8 with V f16
+ * is 3/4 of an f16 tile: two ahead keep 1.5 f16 tiles' bytes in flight (one would leave
+ * 0.75), in 48 registers of prefetch a thread at head_dim 128 (f16 and FP8: 32), 121 in
+ * all, no spills (sm_90, -Xptxas -v). At head_dim 256 with 64-position tiles two would be
+ * 96 registers and spill (412 bytes), so one; with 32-position tiles two (48 registers;
+ * three spill).
+ */
+template <int D, bool KF8, bool VF8, int TP> static constexpr int attn_tc_npf()
+{
+	if (KF8 && !VF8)
+		return D == 256 && TP == 64 ? 1 : 2;
+	return (KF8 ? 2 : 1) * (TP == 64 ? 1 : 2);
+}
+
+/* 64-position tiles; 32 for head_dim 256 where shared memory is small (before sm_80). */
+template <int D, bool KF8, bool VF8>
 static int attn_tc_pick(struct sm70__cuda *c, const struct sm70__attn_args &a, int n_tokens,
 			int max_pos)
 {
 	if (D == 256 && tcl<256, 64>::bytes > c->smem_optin)
-		return attn_tc_launch<256, FP8, 32, FP8 ? 4 : 2>(c, a, n_tokens, max_pos);
-	return attn_tc_launch<D, FP8, 64, FP8 ? 2 : 1>(c, a, n_tokens, max_pos);
+		return attn_tc_launch<256, KF8, VF8, 32, attn_tc_npf<256, KF8, VF8, 32>()>(
+			c, a, n_tokens, max_pos);
+	return attn_tc_launch<D, KF8, VF8, 64, attn_tc_npf<D, KF8, VF8, 64>()>(c, a, n_tokens,
+										max_pos);
 }
 
 /* ---- prefill path ------------------------------------------------------------------ */
@@ -626,6 +702,38 @@ struct pf_args {
 	int n_tiles; /* sum over chunks of ceil(len / qt) = gridDim.x */
 };
 
+/* Rows [t0, t0 + TP) of KV head kvh of one cache tensor (FP8 decoded when FP8) into its f16
+ * tile, for the prefill kernel; rows at or past kv_end are zero. */
+template <int D, bool FP8, int TP>
+static __device__ __forceinline__ void pf_tile_load(__half *tile, const void *cache,
+						    const struct pf_args &a, const int32_t *bt,
+						    int kvh, int t0, int kv_end)
+{
+	constexpr int QS = D + 8, EPC = FP8 ? 16 : 8, CPR = D / EPC;
+	constexpr size_t esz = FP8 ? 1 : 2;
+
+	for (int idx = threadIdx.x; idx < TP * CPR; idx += TC_THREADS) {
+		const int r = idx / CPR, col = (idx - r * CPR) * EPC, p = t0 + r;
+		uint4 x = make_uint4(0, 0, 0, 0);
+
+		if (p < kv_end) {
+			const size_t slot = (size_t)bt[p / a.bs] * a.bs + p % a.bs;
+
+			x = __ldg((const uint4 *)((const char *)cache +
+						  ((slot * a.n_kv + kvh) * D + col) * esz));
+		}
+		if (FP8) {
+			uint4 lo, hi;
+
+			e4m3x16_to_f16_scaled(x, lo, hi);
+			*(uint4 *)(tile + r * QS + col) = lo;
+			*(uint4 *)(tile + r * QS + col + 8) = hi;
+		} else {
+			*(uint4 *)(tile + r * QS + col) = x;
+		}
+	}
+}
+
 /*
  * One block of 8 warps per (tile of qt consecutive tokens of one chunk, KV head): the tile's
  * PF_ROWS query rows (every head of the group for each token) against the sequence's
@@ -634,9 +742,9 @@ struct pf_args {
  * causal mask by position (P rounded to f16), then O += P V: warp w owns row tile w % 4
  * and half of the head_dim column tiles, accumulators in registers, rescaled by a fragment
  * of the rows' alphas. Blocks are taken last tile first, so the longest (latest
- * positions) start first.
+ * positions) start first. K in FP8 when KF8, V when VF8 (else f16).
  */
-template <int D, bool FP8, int TP>
+template <int D, bool KF8, bool VF8, int TP>
 static __global__ void __launch_bounds__(TC_THREADS, 2) attn_prefill_kernel(struct pf_args a)
 {
 	using namespace nvcuda;
@@ -646,8 +754,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_prefill_kernel(stru
 	constexpr int RT = M / 16;          /* row tiles */
 	constexpr int CW = TC_WARPS / RT;   /* warps sharing a row tile's O columns */
 	constexpr int NCW = D / 16 / CW;    /* O column tiles a warp */
-	constexpr int EPC = FP8 ? 16 : 8;   /* values per 16-byte load */
-	constexpr int CPR = D / EPC;        /* loads per row */
+	constexpr int EPC = KF8 ? 16 : 8;   /* values per 16-byte load (one dtype) */
+	constexpr int CPR = D / EPC;        /* loads per row (one dtype) */
 	constexpr float LOG2E = 1.4426950408889634f;
 	extern __shared__ __align__(128) unsigned char sm[];
 	__half *q_s = (__half *)(sm + L::q_off);
@@ -661,7 +769,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_prefill_kernel(stru
 
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int G = a.group, kvh = blockIdx.y;
-	const size_t esz = FP8 ? 1 : 2;
+	const size_t esz = KF8 ? 1 : 2;
 	int j = a.n_tiles - 1 - (int)blockIdx.x, ch = 0;
 
 	/* this block's chunk and tile within it: a linear scan (at most max_seqs chunks) */
@@ -710,30 +818,36 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_prefill_kernel(stru
 
 		__syncthreads(); /* the last tile's readers (S, P, V) are done */
 		/* K and V rows of the tile; rows past kv_end are zero so that 0 * garbage never
-		 * reaches P V */
-		for (int idx = tid; idx < TP * CPR; idx += TC_THREADS) {
-			const int r = idx / CPR, col = (idx - r * CPR) * EPC, p = t0 + r;
-			uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
+		 * reaches P V. One dtype: one slot serves K's and V's loads; else each its own
+		 * (a K row in FP8 is half the loads of a V row in f16). */
+		if constexpr (KF8 != VF8) {
+			pf_tile_load<D, KF8, TP>(k_s, a.kc, a, bt, kvh, t0, kv_end);
+			pf_tile_load<D, VF8, TP>(v_s, a.vc, a, bt, kvh, t0, kv_end);
+		} else {
+			for (int idx = tid; idx < TP * CPR; idx += TC_THREADS) {
+				const int r = idx / CPR, col = (idx - r * CPR) * EPC, p = t0 + r;
+				uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
 
-			if (p < kv_end) {
-				const size_t slot = (size_t)bt[p / a.bs] * a.bs + p % a.bs;
-				const size_t off = ((slot * a.n_kv + kvh) * D + col) * esz;
+				if (p < kv_end) {
+					const size_t slot = (size_t)bt[p / a.bs] * a.bs + p % a.bs;
+					const size_t off = ((slot * a.n_kv + kvh) * D + col) * esz;
 
-				kx = __ldg((const uint4 *)((const char *)a.kc + off));
-				vx = __ldg((const uint4 *)((const char *)a.vc + off));
-			}
-			if (FP8) {
-				uint4 lo, hi;
+					kx = __ldg((const uint4 *)((const char *)a.kc + off));
+					vx = __ldg((const uint4 *)((const char *)a.vc + off));
+				}
+				if (KF8) {
+					uint4 lo, hi;
 
-				e4m3x16_to_f16_scaled(kx, lo, hi);
-				*(uint4 *)(k_s + r * QS + col) = lo;
-				*(uint4 *)(k_s + r * QS + col + 8) = hi;
-				e4m3x16_to_f16_scaled(vx, lo, hi);
-				*(uint4 *)(v_s + r * QS + col) = lo;
-				*(uint4 *)(v_s + r * QS + col + 8) = hi;
-			} else {
-				*(uint4 *)(k_s + r * QS + col) = kx;
-				*(uint4 *)(v_s + r * QS + col) = vx;
+					e4m3x16_to_f16_scaled(kx, lo, hi);
+					*(uint4 *)(k_s + r * QS + col) = lo;
+					*(uint4 *)(k_s + r * QS + col + 8) = hi;
+					e4m3x16_to_f16_scaled(vx, lo, hi);
+					*(uint4 *)(v_s + r * QS + col) = lo;
+					*(uint4 *)(v_s + r * QS + col + 8) = hi;
+				} else {
+					*(uint4 *)(k_s + r * QS + col) = kx;
+					*(uint4 *)(v_s + r * QS + col) = vx;
+				}
 			}
 		}
 		__syncthreads();
@@ -850,7 +964,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_prefill_kernel(stru
 }
 
 /* Queues the prefill kernel. -ENOSPC: this device lacks the shared memory. */
-template <int D, bool FP8, int TP>
+template <int D, bool KF8, bool VF8, int TP>
 static int attn_prefill_launch(struct sm70__cuda *c, const struct pf_args &a)
 {
 	const size_t smem = pfl<D, TP>::bytes;
@@ -860,12 +974,12 @@ static int attn_prefill_launch(struct sm70__cuda *c, const struct pf_args &a)
 	/* every call (cheap, host side): the attribute is per device */
 	if (smem > 48 * 1024 &&
 	    SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
-					    attn_prefill_kernel<D, FP8, TP>,
+					    attn_prefill_kernel<D, KF8, VF8, TP>,
 					    cudaFuncAttributeMaxDynamicSharedMemorySize,
 					    (int)smem)))
 		return -EIO;
-	attn_prefill_kernel<D, FP8, TP><<<dim3((unsigned)a.n_tiles, (unsigned)a.n_kv), TC_THREADS,
-					  smem, c->stream>>>(a);
+	attn_prefill_kernel<D, KF8, VF8, TP><<<dim3((unsigned)a.n_tiles, (unsigned)a.n_kv),
+					       TC_THREADS, smem, c->stream>>>(a);
 	if (SM70_CUDA_LAUNCHED(&c->be, "attn_prefill_kernel"))
 		return -EIO;
 	return 0;
@@ -873,14 +987,14 @@ static int attn_prefill_launch(struct sm70__cuda *c, const struct pf_args &a)
 
 /* 64-position tiles where they fit beside two blocks' worth of q, else 32 (head_dim 256:
  * 81 KB a block keeps two blocks on an SM of 228 KB; sm_75's 64 KB takes D <= 128 only). */
-template <int D, bool FP8>
+template <int D, bool KF8, bool VF8>
 static int attn_prefill_pick(struct sm70__cuda *c, const struct pf_args &a)
 {
 	if constexpr (D < 256) {
 		if (pfl<D, 64>::bytes <= c->smem_optin)
-			return attn_prefill_launch<D, FP8, 64>(c, a);
+			return attn_prefill_launch<D, KF8, VF8, 64>(c, a);
 	}
-	return attn_prefill_launch<D, FP8, 32>(c, a);
+	return attn_prefill_launch<D, KF8, VF8, 32>(c, a);
 }
 
 /*
@@ -889,7 +1003,7 @@ static int attn_prefill_pick(struct sm70__cuda *c, const struct pf_args &a)
  * not one the kernel takes (nothing queued; the caller runs every token the decode way).
  */
 static int attn_prefill(struct sm70__cuda *c, const struct sm70__attn_args &d,
-			const struct sm70_batch *b, int D, int fp8)
+			const struct sm70_batch *b, int D, enum sm70__kv_pair pair)
 {
 	struct pf_args a;
 	long tiles = 0;
@@ -928,17 +1042,19 @@ static int attn_prefill(struct sm70__cuda *c, const struct sm70__attn_args &d,
 	a.n_heads = d.n_heads;
 	a.group = d.group;
 	a.n_tiles = (int)tiles;
-	switch (D) {
-	case 64:
-		return fp8 ? attn_prefill_pick<64, true>(c, a) : attn_prefill_pick<64, false>(c, a);
-	case 128:
-		return fp8 ? attn_prefill_pick<128, true>(c, a) :
-			     attn_prefill_pick<128, false>(c, a);
-	case 256:
-		return fp8 ? attn_prefill_pick<256, true>(c, a) :
-			     attn_prefill_pick<256, false>(c, a);
-	}
-	return -ENOSPC;
+	return sm70__kv_pair_call(pair, [&](auto kf8, auto vf8) {
+		constexpr bool K8 = decltype(kf8)::value, V8 = decltype(vf8)::value;
+
+		switch (D) {
+		case 64:
+			return attn_prefill_pick<64, K8, V8>(c, a);
+		case 128:
+			return attn_prefill_pick<128, K8, V8>(c, a);
+		case 256:
+			return attn_prefill_pick<256, K8, V8>(c, a);
+		}
+		return -ENOSPC;
+	});
 }
 
 /* SM70_ATTENTION=simt keeps the fp32 SIMT kernel (for comparison); read once. */
@@ -956,38 +1072,38 @@ static int attn_want_simt(void)
 
 /* The tensor-core kernel over tokens [0, n_tokens) of a; -ENOSPC when head_dim is none of
  * its sizes or the shape does not fit (nothing queued). */
-static int attn_tc(struct sm70__cuda *c, const struct sm70__attn_args &a, int D, int fp8,
-		   int n_tokens, int max_pos)
+static int attn_tc(struct sm70__cuda *c, const struct sm70__attn_args &a, int D,
+		   enum sm70__kv_pair pair, int n_tokens, int max_pos)
 {
-	switch (D) {
-	case 32:
-		return fp8 ? attn_tc_pick<32, true>(c, a, n_tokens, max_pos) :
-			     attn_tc_pick<32, false>(c, a, n_tokens, max_pos);
-	case 64:
-		return fp8 ? attn_tc_pick<64, true>(c, a, n_tokens, max_pos) :
-			     attn_tc_pick<64, false>(c, a, n_tokens, max_pos);
-	case 128:
-		return fp8 ? attn_tc_pick<128, true>(c, a, n_tokens, max_pos) :
-			     attn_tc_pick<128, false>(c, a, n_tokens, max_pos);
-	case 256:
-		return fp8 ? attn_tc_pick<256, true>(c, a, n_tokens, max_pos) :
-			     attn_tc_pick<256, false>(c, a, n_tokens, max_pos);
-	}
-	return -ENOSPC;
+	return sm70__kv_pair_call(pair, [&](auto kf8, auto vf8) {
+		constexpr bool K8 = decltype(kf8)::value, V8 = decltype(vf8)::value;
+
+		switch (D) {
+		case 32:
+			return attn_tc_pick<32, K8, V8>(c, a, n_tokens, max_pos);
+		case 64:
+			return attn_tc_pick<64, K8, V8>(c, a, n_tokens, max_pos);
+		case 128:
+			return attn_tc_pick<128, K8, V8>(c, a, n_tokens, max_pos);
+		case 256:
+			return attn_tc_pick<256, K8, V8>(c, a, n_tokens, max_pos);
+		}
+		return -ENOSPC;
+	});
 }
 
 /* The decode kernels (tensor-core, else SIMT) over tokens [0, n_tokens) of a; -ENOSPC when
  * head_dim is none of theirs or the shape does not fit (nothing queued). */
-static int attn_fast(struct sm70__cuda *c, const struct sm70__attn_args &a, int D, int fp8,
-		     int n_tokens, int max_pos)
+static int attn_fast(struct sm70__cuda *c, const struct sm70__attn_args &a, int D,
+		     enum sm70__kv_pair pair, int n_tokens, int max_pos)
 {
 	int ret = -ENOSPC;
 
 	if (!attn_want_simt())
-		ret = attn_tc(c, a, D, fp8, n_tokens, max_pos);
+		ret = attn_tc(c, a, D, pair, n_tokens, max_pos);
 	if (ret != -ENOSPC)
 		return ret;
-	return sm70__attn_split<dense_rows>(c, a, D, fp8, n_tokens, max_pos);
+	return sm70__attn_split<dense_rows>(c, a, D, pair, n_tokens, max_pos);
 }
 
 /* Batch invariance: every token through the decode kernels (the prefill kernel's tiles of
@@ -998,7 +1114,8 @@ static int attn_fast(struct sm70__cuda *c, const struct sm70__attn_args &a, int 
  * the scratch: there invariance is lost). */
 static void attn_invariant(struct sm70__cuda *c, const struct sm70__attn_args &a,
 			   const struct sm70_kv_layer *kv, const struct sm70_kv_layout *lay,
-			   const struct sm70_batch *b, int D, int fp8, float scale)
+			   const struct sm70_batch *b, int D, enum sm70__kv_pair pair,
+			   float scale)
 {
 	const size_t per_tok = (size_t)a.n_heads * ATTN_PR(D) * sizeof(float) *
 			       (size_t)sm70__attn_bi_splits(b->max_pos);
@@ -1018,7 +1135,7 @@ static void attn_invariant(struct sm70__cuda *c, const struct sm70__attn_args &a
 		g.q += (size_t)t0 * a.q_ld;
 		g.tok_pos += t0;
 		g.tok_seq += t0;
-		ret = attn_fast(c, g, D, fp8, m, b->max_pos);
+		ret = attn_fast(c, g, D, pair, m, b->max_pos);
 		if (ret == -EIO)
 			return;
 		if (ret == -ENOSPC)
@@ -1039,7 +1156,8 @@ extern "C" void sm70__cuda_attention(struct sm70_backend *be, void *out, const v
 				     int n_heads, float scale)
 {
 	struct sm70__cuda *c = sm70__cuda_enter(be);
-	const int D = lay->head_dim, fp8 = lay->dtype == SM70_DTYPE_F8E4M3;
+	const int D = lay->head_dim;
+	const enum sm70__kv_pair pair = sm70__kv_pair_of(lay);
 	struct sm70__attn_args a;
 	int ret = -ENOSYS;
 
@@ -1047,25 +1165,25 @@ extern "C" void sm70__cuda_attention(struct sm70_backend *be, void *out, const v
 				 scale))
 		return;
 	if (c->be.batch_invariant) {
-		attn_invariant(c, a, kv, lay, b, D, fp8, scale);
+		attn_invariant(c, a, kv, lay, b, D, pair, scale);
 		return;
 	}
 	/* The fast kernels read q and the cache 16 bytes at a time. */
 	if (!c->attn_ref && (q_ld % 8) == 0 && ((uintptr_t)q & 15) == 0 && b->max_pos > 0) {
 		if (b->n_chunks > 0 && b->n_decode <= b->n_tokens && !attn_want_simt()) {
-			ret = attn_prefill(c, a, b, D, fp8);
+			ret = attn_prefill(c, a, b, D, pair);
 			if (ret == -EIO)
 				return;
 			if (ret == 0) {
 				/* the decodes alone; max_pos still bounds their positions */
 				if (b->n_decode > 0 &&
-				    attn_fast(c, a, D, fp8, b->n_decode, b->max_pos) == -ENOSPC)
+				    attn_fast(c, a, D, pair, b->n_decode, b->max_pos) == -ENOSPC)
 					sm70__attn_ref<dense_rows>(c, a, kv, lay, scale,
 								   b->n_decode);
 				return;
 			}
 		}
-		ret = attn_fast(c, a, D, fp8, b->n_tokens, b->max_pos);
+		ret = attn_fast(c, a, D, pair, b->n_tokens, b->max_pos);
 		if (ret == 0 || ret == -EIO)
 			return;
 	}

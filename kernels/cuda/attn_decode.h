@@ -7,10 +7,11 @@
  *
  * Split kernel: one block per (token, KV head, split) computes every query head of the GQA
  * group, so each K/V row is read once per group. A tile's rows are copied (FP8 decoded:
- * sm70__e4m3x8_to_f16_scaled) into shared memory as f16, then the scores in fp32 FMAs, an
- * online softmax by one warp per head and P V in fp32, two dims a thread. The rows are
- * split over enough blocks to fill the GPU twice; splits write the partials cuda_check.h
- * describes and sm70__cuda_attn_merge combines them.
+ * sm70__e4m3x8_to_f16_scaled; K and V each in its own dtype, kv_pair.h's pairs) into
+ * shared memory as f16, then the scores in fp32 FMAs, an online softmax by one warp per
+ * head and P V in fp32, two dims a thread. The rows are split over enough blocks to fill
+ * the GPU twice; splits write the partials cuda_check.h describes and
+ * sm70__cuda_attn_merge combines them.
  *
  * Reference kernel: one block per (token, head), one thread per output dim, one row at a
  * time through the same online softmax, FP8 decoded the plain way (the NaN code stays
@@ -24,6 +25,7 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kv_pair.h"
 
 #define SM70__ATTN_THREADS 128
 #define SM70__ATTN_WARPS (SM70__ATTN_THREADS / 32)
@@ -36,8 +38,8 @@ struct sm70__attn_args {
 	int q_ld;
 	const void *kc;
 	const void *vc;
-	float k_mul; /* scale * k_scale (times 2^8 for FP8 tiles) */
-	float v_mul; /* v_scale (times 2^8 for FP8 tiles) */
+	float k_mul; /* scale, times k_scale * 2^8 for FP8 K tiles */
+	float v_mul; /* 1, or v_scale * 2^8 for FP8 V tiles */
 	int n_kv;
 	int bs;
 	int max_blocks;
@@ -114,8 +116,20 @@ static __device__ __forceinline__ struct sm70__attn_shared sm70__attn_carve(floa
 	return sh;
 }
 
+/* 8 dims of a cache row at element off as 8 f16 (FP8: decoded, 2^-8 times the value). */
+template <bool FP8>
+static __device__ __forceinline__ uint4 sm70__attn_load8(const void *cache, size_t off)
+{
+	if (FP8) {
+		const uint2 b = __ldg((const uint2 *)((const uint8_t *)cache + off));
+
+		return sm70__e4m3x8_to_f16_scaled(b);
+	}
+	return __ldg((const uint4 *)((const __half *)cache + off));
+}
+
 /* Rows [t0, t0 + nt) of KV head kvh into the K and V tiles, 16 bytes (8 dims) a thread. */
-template <int D, bool FP8, class Rows>
+template <int D, bool KF8, bool VF8, class Rows>
 static __device__ __forceinline__ void sm70__attn_tile_load(const struct sm70__attn_args &a,
 							    const Rows &rows,
 							    const struct sm70__attn_shared &sh,
@@ -127,17 +141,9 @@ static __device__ __forceinline__ void sm70__attn_tile_load(const struct sm70__a
 		const int r = idx / VPR, cv = idx - r * VPR;
 		const size_t slot = Rows::staged ? sh.slot[r] : rows.slot(t0 + r);
 		const size_t off = (slot * a.n_kv + kvh) * D + (size_t)cv * 8;
-		uint4 kv4, vv4;
+		const uint4 kv4 = sm70__attn_load8<KF8>(a.kc, off);
+		const uint4 vv4 = sm70__attn_load8<VF8>(a.vc, off);
 
-		if (FP8) {
-			kv4 = sm70__e4m3x8_to_f16_scaled(
-				__ldg((const uint2 *)((const uint8_t *)a.kc + off)));
-			vv4 = sm70__e4m3x8_to_f16_scaled(
-				__ldg((const uint2 *)((const uint8_t *)a.vc + off)));
-		} else {
-			kv4 = __ldg((const uint4 *)((const __half *)a.kc + off));
-			vv4 = __ldg((const uint4 *)((const __half *)a.vc + off));
-		}
 		*(uint4 *)(sh.k + r * KS + cv * 8) = kv4;
 		*(uint4 *)(sh.v + r * KS + cv * 8) = vv4;
 	}
@@ -279,7 +285,7 @@ static __device__ __forceinline__ void sm70__attn_split_out(const struct sm70__a
 }
 
 /* One block per (token, KV head, split): rows [split * chunk, +chunk) of the token. */
-template <int D, bool FP8, class Rows>
+template <int D, bool KF8, bool VF8, class Rows>
 static __global__ void __launch_bounds__(SM70__ATTN_THREADS)
 	sm70__attn_split_kernel(typename Rows::args a)
 {
@@ -309,7 +315,7 @@ static __global__ void __launch_bounds__(SM70__ATTN_THREADS)
 			for (int r = tid; r < nt; r += SM70__ATTN_THREADS)
 				sh.slot[r] = rows.slot(t0 + r);
 		__syncthreads(); /* q, slots made; the last tile's readers are done */
-		sm70__attn_tile_load<D, FP8>(a, rows, sh, t0, nt, kvh);
+		sm70__attn_tile_load<D, KF8, VF8>(a, rows, sh, t0, nt, kvh);
 		__syncthreads();
 		sm70__attn_tile_scores<D>(sh, G, nt, a.k_mul);
 		__syncthreads();
@@ -382,7 +388,7 @@ static inline void sm70__attn_size_split(struct sm70__cuda *c, struct sm70__attn
 
 /* Queues the split kernel over rows bounded by most (and the merge when split); -ENOSPC
  * when the shape does not fit this device (nothing queued), -EIO when a launch failed. */
-template <int D, bool FP8, class Rows>
+template <int D, bool KF8, bool VF8, class Rows>
 static int sm70__attn_split_launch(struct sm70__cuda *c, typename Rows::args a, int n_tokens,
 				   int most)
 {
@@ -394,7 +400,7 @@ static int sm70__attn_split_launch(struct sm70__cuda *c, typename Rows::args a, 
 		return -ENOSPC;
 	if (smem > 48 * 1024 &&
 	    SM70_CUDA_CHECK(&c->be,
-			    cudaFuncSetAttribute(sm70__attn_split_kernel<D, FP8, Rows>,
+			    cudaFuncSetAttribute(sm70__attn_split_kernel<D, KF8, VF8, Rows>,
 						 cudaFuncAttributeMaxDynamicSharedMemorySize,
 						 (int)smem)))
 		return -EIO;
@@ -402,8 +408,8 @@ static int sm70__attn_split_launch(struct sm70__cuda *c, typename Rows::args a, 
 	 * keeps at least split_tiles tiles. */
 	sm70__attn_size_split(c, &a, n_tokens, D, most, (2L * c->n_sm + blocks - 1) / blocks,
 			      Rows::split_tiles * TP, TP);
-	sm70__attn_split_kernel<D, FP8, Rows><<<dim3((unsigned)blocks, (unsigned)a.nsplit),
-						SM70__ATTN_THREADS, smem, c->stream>>>(a);
+	sm70__attn_split_kernel<D, KF8, VF8, Rows><<<dim3((unsigned)blocks, (unsigned)a.nsplit),
+						     SM70__ATTN_THREADS, smem, c->stream>>>(a);
 	if (sm70__cuda_check(&c->be, cudaGetLastError(), Rows::split_call, __FILE__, __LINE__))
 		return -EIO;
 	if (a.nsplit > 1)
@@ -411,27 +417,28 @@ static int sm70__attn_split_launch(struct sm70__cuda *c, typename Rows::args a, 
 	return 0;
 }
 
-/* The split kernel over tokens [0, n_tokens) of a, rows bounded by most; -ENOSPC when
- * head_dim D is none of its sizes or the shape does not fit (nothing queued). */
+/* The split kernel over tokens [0, n_tokens) of a (K/V dtypes pair), rows bounded by
+ * most; -ENOSPC when head_dim D is none of its sizes or the shape does not fit (nothing
+ * queued). */
 template <class Rows>
 static int sm70__attn_split(struct sm70__cuda *c, const typename Rows::args &a, int D,
-			    int fp8, int n_tokens, int most)
+			    enum sm70__kv_pair pair, int n_tokens, int most)
 {
-	switch (D) {
-	case 32:
-		return fp8 ? sm70__attn_split_launch<32, true, Rows>(c, a, n_tokens, most) :
-			     sm70__attn_split_launch<32, false, Rows>(c, a, n_tokens, most);
-	case 64:
-		return fp8 ? sm70__attn_split_launch<64, true, Rows>(c, a, n_tokens, most) :
-			     sm70__attn_split_launch<64, false, Rows>(c, a, n_tokens, most);
-	case 128:
-		return fp8 ? sm70__attn_split_launch<128, true, Rows>(c, a, n_tokens, most) :
-			     sm70__attn_split_launch<128, false, Rows>(c, a, n_tokens, most);
-	case 256:
-		return fp8 ? sm70__attn_split_launch<256, true, Rows>(c, a, n_tokens, most) :
-			     sm70__attn_split_launch<256, false, Rows>(c, a, n_tokens, most);
-	}
-	return -ENOSPC;
+	return sm70__kv_pair_call(pair, [&](auto kf8, auto vf8) {
+		constexpr bool K8 = decltype(kf8)::value, V8 = decltype(vf8)::value;
+
+		switch (D) {
+		case 32:
+			return sm70__attn_split_launch<32, K8, V8, Rows>(c, a, n_tokens, most);
+		case 64:
+			return sm70__attn_split_launch<64, K8, V8, Rows>(c, a, n_tokens, most);
+		case 128:
+			return sm70__attn_split_launch<128, K8, V8, Rows>(c, a, n_tokens, most);
+		case 256:
+			return sm70__attn_split_launch<256, K8, V8, Rows>(c, a, n_tokens, most);
+		}
+		return -ENOSPC;
+	});
 }
 
 /* e4m3 decoded the plain way, for the reference kernel. */
@@ -446,10 +453,11 @@ static __device__ float sm70__attn_e4m3_to_f32(uint8_t v)
 	return (v & 0x80) ? -f : f;
 }
 
-/* One block per (token, head); thread d owns output dim d. */
+/* One block per (token, head); thread d owns output dim d. k_fp8, v_fp8: K, V stored as
+ * FP8 (else f16). */
 template <class Rows>
-static __global__ void sm70__attn_ref_kernel(typename Rows::args a, int D, int fp8,
-					     float k_scale, float v_scale, float scale)
+static __global__ void sm70__attn_ref_kernel(typename Rows::args a, int D, int k_fp8,
+					     int v_fp8, float k_scale, float v_scale, float scale)
 {
 	__shared__ float red[2][32];
 	const int tok = blockIdx.x / a.n_heads, h = blockIdx.x - tok * a.n_heads;
@@ -465,13 +473,12 @@ static __global__ void sm70__attn_ref_kernel(typename Rows::args a, int D, int f
 		float kd = 0.0f, vd = 0.0f, s = 0.0f;
 
 		if (d < D) {
-			if (fp8) {
-				kd = sm70__attn_e4m3_to_f32(((const uint8_t *)a.kc)[off]) * k_scale;
-				vd = sm70__attn_e4m3_to_f32(((const uint8_t *)a.vc)[off]) * v_scale;
-			} else {
-				kd = __half2float(((const __half *)a.kc)[off]);
-				vd = __half2float(((const __half *)a.vc)[off]);
-			}
+			const uint8_t *k8 = (const uint8_t *)a.kc, *v8 = (const uint8_t *)a.vc;
+
+			kd = k_fp8 ? sm70__attn_e4m3_to_f32(k8[off]) * k_scale :
+				     __half2float(((const __half *)a.kc)[off]);
+			vd = v_fp8 ? sm70__attn_e4m3_to_f32(v8[off]) * v_scale :
+				     __half2float(((const __half *)a.vc)[off]);
 		}
 		s = sm70__warp_sum(qd * kd);
 		if (lane == 0)
@@ -501,21 +508,23 @@ static void sm70__attn_ref(struct sm70__cuda *c, const typename Rows::args &a,
 			   float scale, int n_tokens)
 {
 	const int D = lay->head_dim;
+	const enum sm70__kv_pair pair = sm70__kv_pair_of(lay);
 
 	if (D > 1024) {
 		sm70__cuda_fail(&c->be, Rows::op, __FILE__, __LINE__, "head_dim above 1024");
 		return;
 	}
 	sm70__attn_ref_kernel<Rows><<<n_tokens * a.n_heads, (D + 31) / 32 * 32, 0, c->stream>>>(
-		a, D, lay->dtype == SM70_DTYPE_F8E4M3, kv->k_scale, kv->v_scale, scale);
+		a, D, sm70__kv_pair_k_fp8(pair), sm70__kv_pair_v_fp8(pair), kv->k_scale,
+		kv->v_scale, scale);
 	sm70__cuda_check(&c->be, cudaGetLastError(), Rows::ref_call, __FILE__, __LINE__);
 }
 
 /*
  * a for one call of op over batch b: the cache, heads and block tables, the fast kernels'
- * scales (k_mul, v_mul; 2^8 folded in for FP8), no split yet. Returns 0;
- * -EINVAL when there is nothing to do (no tokens, or n_heads not a multiple of the KV
- * heads); -ENOTSUP for a KV dtype other than f16 and FP8 (reported under op).
+ * scales (k_mul, v_mul; 2^8 folded in for FP8, each for its own tensor), no split yet.
+ * Returns 0; -EINVAL when there is nothing to do (no tokens, or n_heads not a multiple of
+ * the KV heads); -ENOTSUP for K/V dtypes none of kv_pair.h's pairs (reported under op).
  */
 static inline int sm70__attn_args_make(struct sm70__attn_args *a, struct sm70__cuda *c,
 				       const char *op, void *out, const void *q, int q_ld,
@@ -523,13 +532,14 @@ static inline int sm70__attn_args_make(struct sm70__attn_args *a, struct sm70__c
 				       const struct sm70_kv_layout *lay,
 				       const struct sm70_batch *b, int n_heads, float scale)
 {
-	const int fp8 = lay->dtype == SM70_DTYPE_F8E4M3;
-	const float fp8_mul = fp8 ? 256.0f : 1.0f;
+	const enum sm70__kv_pair pair = sm70__kv_pair_of(lay);
+	const int k_fp8 = sm70__kv_pair_k_fp8(pair), v_fp8 = sm70__kv_pair_v_fp8(pair);
+	const float fp8_mul = 256.0f;
 
 	if (b->n_tokens <= 0 || lay->n_kv_heads <= 0 || n_heads % lay->n_kv_heads)
 		return -EINVAL;
-	if (lay->dtype != SM70_DTYPE_F16 && !fp8) {
-		sm70__cuda_fail(&c->be, op, __FILE__, __LINE__, "unsupported KV dtype");
+	if (pair == SM70__KV_NONE) {
+		sm70__cuda_fail(&c->be, op, __FILE__, __LINE__, "unsupported KV dtypes");
 		return -ENOTSUP;
 	}
 	a->out = (__half *)out;
@@ -537,8 +547,8 @@ static inline int sm70__attn_args_make(struct sm70__attn_args *a, struct sm70__c
 	a->q_ld = q_ld;
 	a->kc = kv->k;
 	a->vc = kv->v;
-	a->k_mul = scale * (fp8 ? kv->k_scale * fp8_mul : 1.0f);
-	a->v_mul = fp8 ? kv->v_scale * fp8_mul : 1.0f;
+	a->k_mul = scale * (k_fp8 ? kv->k_scale * fp8_mul : 1.0f);
+	a->v_mul = v_fp8 ? kv->v_scale * fp8_mul : 1.0f;
 	a->n_kv = lay->n_kv_heads;
 	a->bs = lay->block_size;
 	a->max_blocks = b->max_blocks;

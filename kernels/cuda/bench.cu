@@ -515,6 +515,41 @@ struct attn_ctx {
 	float scale;
 };
 
+/* An attention bench's cache layout for kv (enum sm70__bench_kv), and its K or V bytes. */
+static struct sm70_kv_layout bench_kv_layout(int kv, int n_blocks, int bs, int n_kv, int D)
+{
+	struct sm70_kv_layout lay = { kv == SM70__BENCH_KV_F16 ? SM70_DTYPE_F16 : SM70_DTYPE_F8E4M3,
+				      n_blocks, bs, n_kv, D, SM70_KV_V_AS_K };
+
+	if (kv == SM70__BENCH_KV_FP8)
+		lay.v_dtype = SM70_KV_V(SM70_DTYPE_F16);
+	return lay;
+}
+
+static size_t bench_kv_bytes(const struct sm70_kv_layout *lay, int v)
+{
+	return (size_t)lay->n_blocks * lay->block_size * lay->n_kv_heads * lay->head_dim *
+	       sm70_dtype_size(v ? sm70_kv_v_dtype(lay) : lay->dtype);
+}
+
+/* Allocates and fills layer i's K and V of a (random e4m3 or f16 values). */
+static int bench_kv_fill(struct attn_ctx *a, int i)
+{
+	for (int v = 0; v < 2; v++) {
+		const size_t bytes = bench_kv_bytes(&a->lay, v);
+		void **p = v ? &a->kv[i].v : &a->kv[i].k;
+		const uint64_t seed = 31 * (uint64_t)i + 1 + v;
+
+		if (cudaMalloc(p, bytes) != cudaSuccess)
+			return -ENOMEM;
+		if ((v ? sm70_kv_v_dtype(&a->lay) : a->lay.dtype) == SM70_DTYPE_F8E4M3 ?
+			    fill_e4m3(*p, bytes, seed) :
+			    fill_f16(*p, bytes / 2, seed, 1.0f))
+			return -EIO;
+	}
+	return 0;
+}
+
 static int launch_attn(void *vctx, int i)
 {
 	struct attn_ctx *a = (struct attn_ctx *)vctx;
@@ -524,12 +559,12 @@ static int launch_attn(void *vctx, int i)
 	return bench.c->sticky;
 }
 
-extern "C" int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int batch, int ctx,
+extern "C" int sm70__bench_attention(int n_heads, int n_kv, int D, int kv, int batch, int ctx,
 				     int iters, struct sm70__bench_attn *out)
 {
 	const int bs = 16, per_seq = (ctx + bs - 1) / bs, n_blocks = per_seq * batch;
-	const size_t esz = fp8 ? 1 : 2;
-	const size_t cache = (size_t)n_blocks * bs * n_kv * D * esz;
+	const struct sm70_kv_layout lay = bench_kv_layout(kv, n_blocks, bs, n_kv, D);
+	const size_t cache = bench_kv_bytes(&lay, 0) + bench_kv_bytes(&lay, 1); /* K + V */
 	struct attn_ctx *a = (struct attn_ctx *)calloc(1, sizeof(*a));
 	int32_t *h_pos = NULL, *h_seq = NULL, *h_bt = NULL, *perm = NULL;
 	int32_t *d_ints = NULL;
@@ -570,8 +605,7 @@ extern "C" int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int 
 	SM70_BENCH_CHECK(cudaMemcpy(d_ints + 2 * batch, h_bt, (size_t)n_blocks * 4,
 			  cudaMemcpyHostToDevice));
 
-	a->lay = (struct sm70_kv_layout){ fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, n_blocks, bs,
-					  n_kv, D };
+	a->lay = lay;
 	a->b = (struct sm70_batch){ .n_tokens = batch, .n_seqs = batch, .max_blocks = per_seq,
 				    .max_pos = ctx, .tok_ids = NULL, .tok_pos = d_ints,
 				    .tok_seq = d_ints + batch, .tok_slot = NULL,
@@ -580,22 +614,13 @@ extern "C" int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int 
 	a->n_heads = n_heads;
 	a->q_ld = (n_heads + 2 * n_kv) * D;
 	a->scale = 1.0f / sqrtf((float)D);
-	a->ncopies = copies_for(2.0 * (double)cache, 128);
+	a->ncopies = copies_for((double)cache, 128);
 	for (int i = 0; i < a->ncopies; i++) {
 		a->kv[i].k_scale = 0.05f;
 		a->kv[i].v_scale = 0.04f;
-		SM70_BENCH_CHECK(cudaMalloc(&a->kv[i].k, cache));
-		SM70_BENCH_CHECK(cudaMalloc(&a->kv[i].v, cache));
-		if (fp8)
-			ret = fill_e4m3(a->kv[i].k, cache, 31 * i + 1) ||
-			      fill_e4m3(a->kv[i].v, cache, 31 * i + 2);
-		else
-			ret = fill_f16(a->kv[i].k, cache / 2, 31 * i + 1, 1.0f) ||
-			      fill_f16(a->kv[i].v, cache / 2, 31 * i + 2, 1.0f);
-		if (ret) {
-			ret = -EIO;
+		ret = bench_kv_fill(a, i);
+		if (ret)
 			goto out;
-		}
 	}
 	SM70_BENCH_CHECK(cudaMalloc(&a->q, (size_t)batch * a->q_ld * 2));
 	SM70_BENCH_CHECK(cudaMalloc(&a->out, (size_t)batch * n_heads * D * 2));
@@ -604,7 +629,8 @@ extern "C" int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int 
 		goto out;
 	per = a->ncopies < 8 ? 8 / a->ncopies * a->ncopies : a->ncopies;
 	ret = time_median(launch_attn, a, per, iters, &out->us);
-	out->bytes = 2.0 * (double)batch * ctx * n_kv * D * esz +
+	/* K and V: cache / n_blocks bytes a block, ctx positions a sequence */
+	out->bytes = (double)cache / ((double)n_blocks * bs) * batch * ctx +
 		     (double)batch * n_heads * D * 2 * 2;
 out:
 	if (a->out)
@@ -651,12 +677,12 @@ static int launch_prefill(void *vctx, int i)
 	return bench.c->sticky;
 }
 
-extern "C" int sm70__bench_prefill(int n_heads, int n_kv, int D, int fp8, int chunk, int ctx,
+extern "C" int sm70__bench_prefill(int n_heads, int n_kv, int D, int kv, int chunk, int ctx,
 				   int iters, struct sm70__bench_prefill *out)
 {
 	const int bs = 16, n_blocks = (ctx + bs - 1) / bs;
-	const size_t esz = fp8 ? 1 : 2;
-	const size_t cache = (size_t)n_blocks * bs * n_kv * D * esz;
+	const struct sm70_kv_layout lay = bench_kv_layout(kv, n_blocks, bs, n_kv, D);
+	const size_t cache = bench_kv_bytes(&lay, 0) + bench_kv_bytes(&lay, 1); /* K + V */
 	struct attn_ctx *a = (struct attn_ctx *)calloc(1, sizeof(*a));
 	struct prefill_ctx x = { a, 0 };
 	/* ints: pos[chunk], seq[chunk], chunk_first, chunk_len, block table */
@@ -698,8 +724,7 @@ extern "C" int sm70__bench_prefill(int n_heads, int n_kv, int D, int fp8, int ch
 	SM70_BENCH_CHECK(cudaMalloc(&d_ints, n_ints * 4));
 	SM70_BENCH_CHECK(cudaMemcpy(d_ints, h, n_ints * 4, cudaMemcpyHostToDevice));
 
-	a->lay = (struct sm70_kv_layout){ fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, n_blocks, bs,
-					  n_kv, D };
+	a->lay = lay;
 	a->b = (struct sm70_batch){ .n_tokens = chunk, .n_seqs = 1, .max_blocks = n_blocks,
 				    .max_pos = ctx, .tok_ids = NULL, .tok_pos = d_ints,
 				    .tok_seq = d_ints + chunk, .tok_slot = NULL,
@@ -712,22 +737,13 @@ extern "C" int sm70__bench_prefill(int n_heads, int n_kv, int D, int fp8, int ch
 	a->q_ld = (n_heads + 2 * n_kv) * D;
 	a->scale = 1.0f / sqrtf((float)D);
 	/* compute-bound: copies only so that the first tiles do not start in L2 */
-	a->ncopies = copies_for(2.0 * (double)cache, 8);
+	a->ncopies = copies_for((double)cache, 8);
 	for (int i = 0; i < a->ncopies; i++) {
 		a->kv[i].k_scale = 0.05f;
 		a->kv[i].v_scale = 0.04f;
-		SM70_BENCH_CHECK(cudaMalloc(&a->kv[i].k, cache));
-		SM70_BENCH_CHECK(cudaMalloc(&a->kv[i].v, cache));
-		if (fp8)
-			ret = fill_e4m3(a->kv[i].k, cache, 31 * i + 1) ||
-			      fill_e4m3(a->kv[i].v, cache, 31 * i + 2);
-		else
-			ret = fill_f16(a->kv[i].k, cache / 2, 31 * i + 1, 1.0f) ||
-			      fill_f16(a->kv[i].v, cache / 2, 31 * i + 2, 1.0f);
-		if (ret) {
-			ret = -EIO;
+		ret = bench_kv_fill(a, i);
+		if (ret)
 			goto out;
-		}
 	}
 	SM70_BENCH_CHECK(cudaMalloc(&a->q, (size_t)chunk * a->q_ld * 2));
 	SM70_BENCH_CHECK(cudaMalloc(&a->out, (size_t)chunk * n_heads * D * 2));

@@ -71,10 +71,14 @@ struct sm70__bench_attn {
 	double bytes;       /* KV bytes read (every token's context once) + q + out */
 };
 
+/* The KV cache an attention bench reads, by engine.kv_dtype's words: f16; fp8-all (K and V
+ * FP8-E4M3); fp8 (K FP8-E4M3, V f16). */
+enum sm70__bench_kv { SM70__BENCH_KV_F16, SM70__BENCH_KV_FP8_ALL, SM70__BENCH_KV_FP8 };
+
 /* Decode attention of `batch` sequences at context `ctx` (each token at position ctx-1),
- * n_heads query heads over n_kv KV heads of head_dim D, f16 or FP8 KV in a paged cache of
- * 16-token blocks whose order is shuffled. Returns 0 or -errno. */
-int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int batch, int ctx,
+ * n_heads query heads over n_kv KV heads of head_dim D, KV as kv (enum sm70__bench_kv) in a
+ * paged cache of 16-token blocks whose order is shuffled. Returns 0 or -errno. */
+int sm70__bench_attention(int n_heads, int n_kv, int D, int kv, int batch, int ctx,
 			  int iters, struct sm70__bench_attn *out);
 
 struct sm70__bench_prefill {
@@ -86,7 +90,7 @@ struct sm70__bench_prefill {
 /* Prefill attention of one chunk of `chunk` tokens at positions ctx - chunk .. ctx - 1 of
  * one sequence (ctx >= chunk), shapes and cache as sm70__bench_attention. Returns 0 or
  * -errno. */
-int sm70__bench_prefill(int n_heads, int n_kv, int D, int fp8, int chunk, int ctx,
+int sm70__bench_prefill(int n_heads, int n_kv, int D, int kv, int chunk, int ctx,
 			int iters, struct sm70__bench_prefill *out);
 
 struct sm70__bench_gdn_decode {

@@ -516,6 +516,8 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	c->be.act_dtype = SM70_DTYPE_F16;
 	c->be.weight_dtype = SM70_DTYPE_F16;
 	c->be.kv_dtypes = (1u << SM70_DTYPE_F16) | (1u << SM70_DTYPE_F8E4M3);
+	/* the kernels are instantiated for these pairs only (attention.cu) */
+	c->be.kv_v_dtypes[SM70_DTYPE_F8E4M3] = 1u << SM70_DTYPE_F16;
 	c->be.kv_dtype_default = SM70_DTYPE_F16;
 	c->be.batch_invariant = sm70_batch_invariant_env();
 	if (c->be.batch_invariant)

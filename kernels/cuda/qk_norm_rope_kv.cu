@@ -1,9 +1,9 @@
 /*
  * qk_norm_rope_kv.cu - the CUDA qk_norm_rope_kv op: on each row of the stacked qkv matmul
  * output (f16), the per-head RMSNorm and rotate-half RoPE of the q and k heads in place,
- * and the row's rotated k and its v into their paged-cache slot (f16, or FP8-E4M3 of
- * x / scale). One launch where the unfused model makes three (head_norm_rope on q, on k,
- * then kv_write).
+ * and the row's rotated k and its v into their paged-cache slot (each f16 or FP8-E4M3 of
+ * x / scale, one of kv_pair.h's pairs). One launch where the unfused model makes three
+ * (head_norm_rope on q, on k, then kv_write).
  *
  * Layout of the work: a row's heads are numbered q (n_heads), then k (n_kv_heads), then v
  * (n_kv_heads); a block takes one row and four consecutive heads, one warp per head. A q
@@ -21,6 +21,7 @@
  * Non-goals: rope scaling, interleaved pairs, per-head or per-token KV scales.
  */
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kv_pair.h"
 #include "kernels/cuda/pdl.h"
 
 #define HEADS_PER_BLOCK 4
@@ -35,7 +36,7 @@ static __device__ __forceinline__ void cache_put(void *cache, size_t i, __half v
 		((__half *)cache)[i] = v;
 }
 
-template <bool FP8>
+template <bool KF8, bool VF8>
 static __global__ void qk_norm_rope_kv_kernel(__half *qkv, int ld, int n_heads, int n_kv_heads,
 					      int head_dim, const float *__restrict__ q_norm,
 					      const float *__restrict__ k_norm, float eps,
@@ -70,7 +71,7 @@ static __global__ void qk_norm_rope_kv_kernel(__half *qkv, int ld, int n_heads, 
 			return;
 		c0 = ((size_t)slot * n_kv_heads + (h - n_rot)) * head_dim;
 		for (int k = lane; k < head_dim; k += 32)
-			cache_put<FP8>(vc, c0 + k, x[k], v_scale);
+			cache_put<VF8>(vc, c0 + k, x[k], v_scale);
 		return;
 	}
 
@@ -95,8 +96,8 @@ static __global__ void qk_norm_rope_kv_kernel(__half *qkv, int ld, int n_heads, 
 		x[j] = ra;
 		x[j + half] = rb;
 		if (store) {
-			cache_put<FP8>(kc, c0 + j, ra, k_scale);
-			cache_put<FP8>(kc, c0 + j + half, rb, k_scale);
+			cache_put<KF8>(kc, c0 + j, ra, k_scale);
+			cache_put<KF8>(kc, c0 + j + half, rb, k_scale);
 		}
 	}
 	/* dims past rot_dim: normed in place, and (k) copied to the cache normed or not */
@@ -109,14 +110,14 @@ static __global__ void qk_norm_rope_kv_kernel(__half *qkv, int ld, int n_heads, 
 				x[k] = v;
 			}
 			if (store)
-				cache_put<FP8>(kc, c0 + k, v, k_scale);
+				cache_put<KF8>(kc, c0 + k, v, k_scale);
 		}
 	}
 }
 
 /* See backend.h. rot_dim must be even and <= head_dim; theta is rounded to f32 first, as
- * head_norm_rope does; lay must describe n_kv_heads heads of head_dim; cache dtype f16 or
- * f8e4m3. Rows whose slot is negative or beyond the cache are rotated but not cached. */
+ * head_norm_rope does; lay must describe n_kv_heads heads of head_dim; K/V dtypes one of
+ * kv_pair.h's pairs. Rows whose slot is negative or beyond the cache are rotated but not cached. */
 extern "C" void sm70__cuda_qk_norm_rope_kv(struct sm70_backend *be, void *qkv, int ld, int n,
 					   int n_heads, int n_kv_heads, int head_dim,
 					   const float *q_norm, const float *k_norm, float eps,
@@ -129,6 +130,7 @@ extern "C" void sm70__cuda_qk_norm_rope_kv(struct sm70_backend *be, void *qkv, i
 	const long n_slots = (long)lay->n_blocks * lay->block_size;
 	dim3 grid((heads + HEADS_PER_BLOCK - 1) / HEADS_PER_BLOCK, n);
 	size_t smem = (size_t)(rot_dim / 2) * 2 * sizeof(float);
+	const enum sm70__kv_pair pair = sm70__kv_pair_of(lay);
 
 	if (n <= 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0)
 		return;
@@ -141,22 +143,18 @@ extern "C" void sm70__cuda_qk_norm_rope_kv(struct sm70_backend *be, void *qkv, i
 				"KV layout does not match the heads");
 		return;
 	}
-	if (lay->dtype == SM70_DTYPE_F16) {
-		sm70__launch_pdl(c, SM70__PDL_ROPE, qk_norm_rope_kv_kernel<false>, dim3(grid),
-				 dim3(HEADS_PER_BLOCK * 32), smem, (__half *)qkv, ld, n_heads,
-				 n_kv_heads, head_dim, q_norm, k_norm, eps, pos, rot_dim,
-				 (float)theta, kv->k, kv->v, slots, n_slots, kv->k_scale,
-				 kv->v_scale);
-	} else if (lay->dtype == SM70_DTYPE_F8E4M3) {
-		sm70__launch_pdl(c, SM70__PDL_ROPE, qk_norm_rope_kv_kernel<true>, dim3(grid),
-				 dim3(HEADS_PER_BLOCK * 32), smem, (__half *)qkv, ld, n_heads,
-				 n_kv_heads, head_dim, q_norm, k_norm, eps, pos, rot_dim,
-				 (float)theta, kv->k, kv->v, slots, n_slots, kv->k_scale,
-				 kv->v_scale);
-	} else {
+	if (pair == SM70__KV_NONE) {
 		sm70__cuda_fail(be, "qk_norm_rope_kv", __FILE__, __LINE__,
-				"unsupported KV dtype");
+				"unsupported KV dtypes");
 		return;
 	}
+	sm70__kv_pair_call(pair, [&](auto kf8, auto vf8) {
+		sm70__launch_pdl(c, SM70__PDL_ROPE,
+				 qk_norm_rope_kv_kernel<decltype(kf8)::value, decltype(vf8)::value>,
+				 dim3(grid), dim3(HEADS_PER_BLOCK * 32), smem, (__half *)qkv, ld,
+				 n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, pos, rot_dim,
+				 (float)theta, kv->k, kv->v, slots, n_slots, kv->k_scale,
+				 kv->v_scale);
+	});
 	SM70_CUDA_LAUNCHED(be, "qk_norm_rope_kv_kernel");
 }

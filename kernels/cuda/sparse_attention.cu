@@ -1,7 +1,7 @@
 /*
  * sparse_attention.cu - the CUDA sparse_attention op (backend.h): each token attends to
- * the positions of its QSA selection (qsa_select), over the paged KV cache (f16 or
- * FP8-E4M3), f16 q and out, fp32 softmax.
+ * the positions of its QSA selection (qsa_select), over the paged KV cache (K and V each
+ * f16 or FP8-E4M3: kv_pair.h's pairs), f16 q and out, fp32 softmax.
  *
  * Decode kernel (head_dim 32/64/128/256): attn_decode.h's split kernel, the dense op's
  * SIMT body, with sparse_rows below as its row source: a tile of selected positions is
@@ -68,7 +68,8 @@ extern "C" void sm70__cuda_sparse_attention(struct sm70_backend *be, void *out, 
 					    float scale)
 {
 	struct sm70__cuda *c = sm70__cuda_enter(be);
-	const int D = lay->head_dim, fp8 = lay->dtype == SM70_DTYPE_F8E4M3;
+	const int D = lay->head_dim;
+	const enum sm70__kv_pair pair = sm70__kv_pair_of(lay);
 	const int most = sel_ld < b->max_pos ? sel_ld : b->max_pos;
 	struct sparse_args a;
 
@@ -80,7 +81,7 @@ extern "C" void sm70__cuda_sparse_attention(struct sm70_backend *be, void *out, 
 	a.sel_ld = sel_ld;
 	/* the decode kernel reads q and the cache 16 bytes at a time */
 	if (!c->attn_ref && (q_ld % 8) == 0 && ((uintptr_t)q & 15) == 0 &&
-	    sm70__attn_split<sparse_rows>(c, a, D, fp8, b->n_tokens, most > 0 ? most : 1) !=
+	    sm70__attn_split<sparse_rows>(c, a, D, pair, b->n_tokens, most > 0 ? most : 1) !=
 		    -ENOSPC)
 		return;
 	sm70__attn_ref<sparse_rows>(c, a, kv, lay, scale, b->n_tokens);

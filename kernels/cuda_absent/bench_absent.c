@@ -39,13 +39,13 @@ int sm70__bench_nvfp4(int rows, int cols, const int *ns, int n_ns, const int *va
 	return -ENODEV;
 }
 
-int sm70__bench_attention(int n_heads, int n_kv, int D, int fp8, int batch, int ctx,
+int sm70__bench_attention(int n_heads, int n_kv, int D, int kv, int batch, int ctx,
 			  int iters, struct sm70__bench_attn *out)
 {
 	return -ENODEV;
 }
 
-int sm70__bench_prefill(int n_heads, int n_kv, int D, int fp8, int chunk, int ctx,
+int sm70__bench_prefill(int n_heads, int n_kv, int D, int kv, int chunk, int ctx,
 			int iters, struct sm70__bench_prefill *out)
 {
 	return -ENODEV;

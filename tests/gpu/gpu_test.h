@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <cmocka.h>
 #include <errno.h>
 
@@ -183,6 +184,52 @@ static inline double compare_values(const char *what, const float *got, const fl
 		printf("  worst at %zu: got %.8g ref %.8g\n", worst, got[worst], ref[worst]);
 	assert_true(rel <= tol);
 	return rel;
+}
+
+/* The KV cache modes the GPU tests cover, the pairs the CUDA kernels are built for
+ * (kernels/cuda/kv_pair.h), by engine.kv_dtype's words: 0 "f16", 1 "fp8-all" (K and V
+ * FP8-E4M3), 2 "fp8" (K FP8-E4M3, V f16). */
+#define GPU_KV_MODES 3
+
+static inline const char *kv_mode_name(int m)
+{
+	return m == 0 ? "f16" : m == 1 ? "fp8-all" : "fp8";
+}
+
+static inline int kv_mode_k_fp8(int m)
+{
+	return m != 0;
+}
+
+static inline int kv_mode_v_fp8(int m)
+{
+	return m == 1;
+}
+
+static inline struct sm70_kv_layout kv_mode_layout(int m, int n_blocks, int bs, int n_kv,
+						   int D)
+{
+	return (struct sm70_kv_layout){
+		.dtype = kv_mode_k_fp8(m) ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16,
+		.n_blocks = n_blocks, .block_size = bs, .n_kv_heads = n_kv, .head_dim = D,
+		.v_dtype = m == 2 ? SM70_KV_V(SM70_DTYPE_F16) : SM70_KV_V_AS_K,
+	};
+}
+
+/* n random cache values in [-1, 1) into bytes: FP8 as e4m3(x / scale), else f16. */
+static inline void kv_fill_random(uint8_t *bytes, size_t n, int fp8, float scale)
+{
+	for (size_t i = 0; i < n; i++) {
+		float x = rnd(1.0f);
+
+		if (fp8) {
+			bytes[i] = sm70_f32_to_e4m3(x / scale);
+		} else {
+			uint16_t h = sm70_f32_to_f16(x);
+
+			memcpy(bytes + 2 * i, &h, 2);
+		}
+	}
 }
 
 /*

@@ -153,7 +153,7 @@ struct qk_case {
 	int group; /* q heads per KV head */
 	int rot;   /* rot_dim */
 	int n;     /* rows */
-	int fp8;   /* FP8 cache, else f16 */
+	int kvm;   /* KV mode (gpu_test.h): 0 f16, 1 fp8-all, 2 fp8 (K FP8, V f16) */
 	int bs;    /* block_size */
 	int norm;  /* q_norm / k_norm given, else NULL */
 	int pad;   /* elements past the heads in each row (ld - heads * D) */
@@ -167,8 +167,8 @@ struct qk_bufs {
 
 static void qk_bufs_make(struct qk_bufs *b, struct sm70_backend *be, const float *qkv,
 			 size_t cnt, const float *qn, const float *kn, int D, const int32_t *pos,
-			 const int32_t *slots, int n, size_t cache_bytes, float k_scale,
-			 float v_scale)
+			 const int32_t *slots, int n, size_t k_bytes, size_t v_bytes,
+			 float k_scale, float v_scale)
 {
 	b->qkv = up_act(be, qkv, cnt);
 	b->qn = qn ? up_bytes(be, qn, (size_t)D * sizeof(float)) : NULL;
@@ -176,7 +176,7 @@ static void qk_bufs_make(struct qk_bufs *b, struct sm70_backend *be, const float
 	b->pos = up_bytes(be, pos, (size_t)n * sizeof(*pos));
 	b->slots = up_bytes(be, slots, (size_t)n * sizeof(*slots));
 	/* buf_alloc zeroes: slots no row writes stay zero on every backend */
-	b->kv = (struct sm70_kv_layer){ balloc(be, cache_bytes), balloc(be, cache_bytes), k_scale,
+	b->kv = (struct sm70_kv_layer){ balloc(be, k_bytes), balloc(be, v_bytes), k_scale,
 					v_scale };
 }
 
@@ -217,10 +217,10 @@ static void qk_case_run(const struct qk_case *t, const float *v_special, float v
 	const float eps = 1e-6f, k_scale = 0.02f;
 	const int n_blocks = (2 * t->n + t->bs - 1) / t->bs + 1;
 	const int n_slots = n_blocks * t->bs;
-	struct sm70_kv_layout lay = { t->fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, n_blocks, t->bs,
-				      t->n_kv, t->D };
-	const size_t esz = t->fp8 ? 1 : 2, cnt = (size_t)t->n * ld;
-	const size_t cache_vals = (size_t)n_slots * row, cache_bytes = cache_vals * esz;
+	struct sm70_kv_layout lay = kv_mode_layout(t->kvm, n_blocks, t->bs, t->n_kv, t->D);
+	const int kf8 = kv_mode_k_fp8(t->kvm), vf8 = kv_mode_v_fp8(t->kvm);
+	const size_t cnt = (size_t)t->n * ld, cache_vals = (size_t)n_slots * row;
+	const size_t cache_bytes[2] = { cache_vals * (kf8 ? 1 : 2), cache_vals * (vf8 ? 1 : 2) };
 	float *qkv = rvec16(cnt, 2.0f), *qn = NULL, *kn = NULL;
 	float *oc = fvec(cnt), *of = fvec(cnt);
 	int32_t *pos = malloc((size_t)t->n * sizeof(*pos));
@@ -269,12 +269,12 @@ static void qk_case_run(const struct qk_case *t, const float *v_special, float v
 		slots[2] = n_slots + 3;
 	}
 
-	qk_bufs_make(&bc, cpu, qkv, cnt, qn, kn, t->D, pos, slots, t->n, cache_bytes, k_scale,
-		     v_scale);
-	qk_bufs_make(&bu, gpu, qkv, cnt, qn, kn, t->D, pos, slots, t->n, cache_bytes, k_scale,
-		     v_scale);
-	qk_bufs_make(&bf, gpu, qkv, cnt, qn, kn, t->D, pos, slots, t->n, cache_bytes, k_scale,
-		     v_scale);
+	qk_bufs_make(&bc, cpu, qkv, cnt, qn, kn, t->D, pos, slots, t->n, cache_bytes[0],
+		     cache_bytes[1], k_scale, v_scale);
+	qk_bufs_make(&bu, gpu, qkv, cnt, qn, kn, t->D, pos, slots, t->n, cache_bytes[0],
+		     cache_bytes[1], k_scale, v_scale);
+	qk_bufs_make(&bf, gpu, qkv, cnt, qn, kn, t->D, pos, slots, t->n, cache_bytes[0],
+		     cache_bytes[1], k_scale, v_scale);
 	qk_unfused(cpu, &bc, t, ld, &lay, theta, eps);
 	qk_unfused(gpu, &bu, t, ld, &lay, theta, eps);
 	gpu->ops->qk_norm_rope_kv(gpu, bf.qkv, ld, t->n, hq, t->n_kv, t->D, bf.qn, bf.kn, eps,
@@ -289,14 +289,14 @@ static void qk_case_run(const struct qk_case *t, const float *v_special, float v
 		struct sm70_backend *be = s == 0 ? cpu : gpu;
 
 		for (int kv = 0; kv < 2; kv++) {
-			cache[s][kv] = malloc(cache_bytes);
+			cache[s][kv] = malloc(cache_bytes[kv]);
 			assert_non_null(cache[s][kv]);
-			get_bytes(be, cache[s][kv], kv ? b->kv.v : b->kv.k, cache_bytes);
+			get_bytes(be, cache[s][kv], kv ? b->kv.v : b->kv.k, cache_bytes[kv]);
 		}
 	}
 
 	snprintf(tag, sizeof(tag), "D=%d hq=%d hkv=%d rot=%d n=%d %s bs=%d%s%s", t->D, hq,
-		 t->n_kv, t->rot, t->n, t->fp8 ? "fp8" : "f16", t->bs, t->norm ? "" : " no-norm",
+		 t->n_kv, t->rot, t->n, kv_mode_name(t->kvm), t->bs, t->norm ? "" : " no-norm",
 		 t->pad ? " padded" : "");
 	printf(" qk_norm_rope_kv %s\n", tag);
 	/* q and k heads against the CPU's rotation; V and the padding must come back as
@@ -319,15 +319,15 @@ static void qk_case_run(const struct qk_case *t, const float *v_special, float v
 	}
 	compare_codes("qkv fused vs unfused cuda", qf, qu, cnt, 0, TOL_ULP);
 	compare_codes("K cache fused vs unfused cuda", cache[2][0], cache[1][0], cache_vals,
-		      t->fp8, TOL_ULP);
+		      kf8, TOL_ULP);
 	compare_codes("V cache fused vs unfused cuda", cache[2][1], cache[1][1], cache_vals,
-		      t->fp8, TOL_ULP);
-	compare_cache("K cache fused vs cpu", cache[2][0], cache[0][0], cache_vals, t->fp8,
+		      vf8, TOL_ULP);
+	compare_cache("K cache fused vs cpu", cache[2][0], cache[0][0], cache_vals, kf8,
 		      k_scale, TOL_ROPE);
 	/* V is the input copied (f16) or encoded from the same f16 value: byte-identical */
 	snprintf(what, sizeof(what), "V cache fused vs cpu (%zu bytes, tol 0 differing)",
-		 cache_bytes);
-	compare_codes(what, cache[2][1], cache[0][1], cache_vals, t->fp8, 0);
+		 cache_bytes[1]);
+	compare_codes(what, cache[2][1], cache[0][1], cache_vals, vf8, 0);
 
 	for (int s = 0; s < 3; s++)
 		free(cache[s][0]), free(cache[s][1]);
@@ -343,19 +343,19 @@ static void test_qk_norm_rope_kv(void **state)
 	int k = 0;
 
 	assert_non_null(gpu->ops->qk_norm_rope_kv);
-	/* Every head_dim x row count x cache dtype, with the rest cycling through its values
-	 * so that every GQA width 1..8, both block sizes with both dtypes, a partial rotary
+	/* Every head_dim x row count x KV mode, with the rest cycling through its values
+	 * so that every GQA width 1..8, both block sizes with every mode, a partial rotary
 	 * (rot_dim < head_dim, twice, once without norm: k copied past rot_dim as is), no
 	 * rotary at all, no norm and padded rows all occur. */
 	for (int hi = 0; hi < 3; hi++) {
 		for (int ni = 0; ni < 4; ni++) {
-			for (int fp8 = 0; fp8 < 2; fp8++, k++) {
+			for (int kvm = 0; kvm < GPU_KV_MODES; kvm++, k++) {
 				const int D = hds[hi];
 				struct qk_case t = {
 					.D = D, .n_kv = kvs[k % 5], .group = 1 + k % 8,
 					.rot = k == 5 ? D / 2 : k == 18 ? D / 4 + 2 :
 					       k == 11 ? 0 : D,
-					.n = ns[ni], .fp8 = fp8, .bs = (k / 2) % 2 ? 7 : 16,
+					.n = ns[ni], .kvm = kvm, .bs = (k / 2) % 2 ? 7 : 16,
 					.norm = k % 7 != 3 && k != 18,
 					.pad = k % 3 == 1 ? 8 : 0,
 				};
@@ -368,9 +368,8 @@ static void test_qk_norm_rope_kv(void **state)
 	{
 		struct qk_case t = { 128, 8, 4, 128, 1, 0, 16, 1, 0 };
 
-		qk_case_run(&t, NULL, 0.015f);
-		t.fp8 = 1;
-		qk_case_run(&t, NULL, 0.015f);
+		for (t.kvm = 0; t.kvm < GPU_KV_MODES; t.kvm++)
+			qk_case_run(&t, NULL, 0.015f);
 	}
 }
 

@@ -46,6 +46,11 @@ static void test_basics(void **state)
 	assert_int_equal(gpu->weight_dtype, SM70_DTYPE_F16);
 	assert_true(gpu->kv_dtypes & (1u << SM70_DTYPE_F16));
 	assert_true(gpu->kv_dtypes & (1u << SM70_DTYPE_F8E4M3));
+	/* the pairs kv_pair.h builds, and not the one it does not */
+	assert_true(sm70_backend_reads_kv(gpu, SM70_DTYPE_F8E4M3, SM70_DTYPE_F16));
+	assert_true(sm70_backend_reads_kv(gpu, SM70_DTYPE_F8E4M3, SM70_DTYPE_F8E4M3));
+	assert_true(sm70_backend_reads_kv(gpu, SM70_DTYPE_F16, SM70_DTYPE_F16));
+	assert_false(sm70_backend_reads_kv(gpu, SM70_DTYPE_F16, SM70_DTYPE_F8E4M3));
 	assert_int_equal(gpu->kv_dtype_default, SM70_DTYPE_F16);
 	for (size_t i = 0; i < n; i++)
 		a[i] = rnd(1.0f);
@@ -330,17 +335,18 @@ static void test_head_norm_rope(void **state)
 
 static void test_kv_write(void **state)
 {
-	for (int fp8 = 0; fp8 < 2; fp8++) {
+	for (int kvm = 0; kvm < GPU_KV_MODES; kvm++) {
 		const int D = 128, hkv = 2, hq = 4, n = 17, ld = (hq + 2 * hkv) * D;
-		struct sm70_kv_layout lay = { fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, 8, 16,
-					      hkv, D };
-		size_t esz = fp8 ? 1 : 2, row = (size_t)hkv * D;
-		size_t cache = (size_t)lay.n_blocks * lay.block_size * row * esz;
+		struct sm70_kv_layout lay = kv_mode_layout(kvm, 8, 16, hkv, D);
+		size_t row = (size_t)hkv * D, slots_n = (size_t)lay.n_blocks * lay.block_size;
+		size_t kbytes = slots_n * row * (kv_mode_k_fp8(kvm) ? 1 : 2);
+		size_t vbytes = slots_n * row * (kv_mode_v_fp8(kvm) ? 1 : 2);
 		size_t cnt = (size_t)n * ld;
 		float *v = rvec16(cnt, 3.0f);
 		int32_t slots[17];
 		struct sm70_kv_layer kc = { NULL, NULL, 0.02f, 0.015f }, kg = kc;
-		uint8_t *bc = malloc(cache), *bg = malloc(cache);
+		uint8_t *bc = malloc(kbytes > vbytes ? kbytes : vbytes);
+		uint8_t *bg = malloc(kbytes > vbytes ? kbytes : vbytes);
 		void *xc, *xg, *sc, *sg;
 		size_t diff = 0;
 
@@ -352,8 +358,8 @@ static void test_kv_write(void **state)
 			slots[i] = (i * 37 + 5) % (lay.n_blocks * lay.block_size);
 		slots[3] = -1;                                 /* padding row: skipped */
 		slots[4] = lay.n_blocks * lay.block_size + 2; /* out of range: skipped */
-		kc.k = balloc(cpu, cache), kc.v = balloc(cpu, cache);
-		kg.k = balloc(gpu, cache), kg.v = balloc(gpu, cache);
+		kc.k = balloc(cpu, kbytes), kc.v = balloc(cpu, vbytes);
+		kg.k = balloc(gpu, kbytes), kg.v = balloc(gpu, vbytes);
 		xc = up_act(cpu, v, cnt);
 		xg = up_act(gpu, v, cnt);
 		sc = up_bytes(cpu, slots, sizeof(slots));
@@ -363,14 +369,16 @@ static void test_kv_write(void **state)
 		gpu->ops->kv_write(gpu, &kg, &lay, (uint16_t *)xg + hq * D,
 				   (uint16_t *)xg + (hq + hkv) * D, ld, sg, n);
 		for (int kv = 0; kv < 2; kv++) {
-			assert_int_equal(cpu->ops->download(cpu, bc, kv ? kc.v : kc.k, cache), 0);
-			assert_int_equal(gpu->ops->download(gpu, bg, kv ? kg.v : kg.k, cache), 0);
-			for (size_t i = 0; i < cache; i++)
+			size_t bytes = kv ? vbytes : kbytes;
+
+			assert_int_equal(cpu->ops->download(cpu, bc, kv ? kc.v : kc.k, bytes), 0);
+			assert_int_equal(gpu->ops->download(gpu, bg, kv ? kg.v : kg.k, bytes), 0);
+			for (size_t i = 0; i < bytes; i++)
 				diff += bc[i] != bg[i];
 		}
 		/* the same encoding on both sides: the caches must be byte-identical */
-		printf("  kv_write %-4s n=17 (2 skipped rows): %zu of %zu cache bytes differ "
-		       "(tol 0)\n", fp8 ? "fp8" : "f16", diff, 2 * cache);
+		printf("  kv_write %-7s n=17 (2 skipped rows): %zu of %zu cache bytes differ "
+		       "(tol 0)\n", kv_mode_name(kvm), diff, kbytes + vbytes);
 		assert_int_equal(diff, 0);
 		bfree(cpu, kc.k), bfree(cpu, kc.v), bfree(gpu, kg.k), bfree(gpu, kg.v);
 		bfree(cpu, xc), bfree(gpu, xg), bfree(cpu, sc), bfree(gpu, sg);
@@ -379,7 +387,7 @@ static void test_kv_write(void **state)
 	{
 		/* every f32 bit pattern class through the FP8 encoder: a row of specials */
 		const int D = 64, n = 1;
-		struct sm70_kv_layout lay = { SM70_DTYPE_F8E4M3, 1, 16, 1, D };
+		struct sm70_kv_layout lay = { SM70_DTYPE_F8E4M3, 1, 16, 1, D, SM70_KV_V_AS_K };
 		struct sm70_kv_layer kg = { NULL, NULL, 1.0f, 1.0f };
 		float v[64];
 		uint16_t h[64];
@@ -420,21 +428,23 @@ struct attn_seq {
  * already in the cache (the same bytes on every backend), laid out as the engine does:
  * the decodes first (one token each), then the chunks in order, with n_decode, n_chunks
  * and chunk_first / chunk_len (device and host copies) filled in so that backends with a
- * prefill path take it. The GPU (fast and reference) is compared with the CPU twin.
+ * prefill path take it. The GPU (fast and reference) is compared with the CPU twin. KV in
+ * mode kvm (gpu_test.h's GPU_KV_MODES).
  */
-static void attention_batch(int D, int group, int fp8, const struct attn_seq *seqs,
+static void attention_batch(int D, int group, int kvm, const struct attn_seq *seqs,
 			    int n_seqs)
 {
 	const int n_kv = 2, n_heads = n_kv * group, bs = 16;
 	const int q_ld = (n_heads + 2 * n_kv) * D;
-	struct sm70_kv_layout lay = { fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, 0, bs, n_kv, D };
+	const char *mode = kv_mode_name(kvm);
+	struct sm70_kv_layout lay = kv_mode_layout(kvm, 0, bs, n_kv, D);
 	struct sm70_kv_layer kl[3] = { { NULL, NULL, 0.011f, 0.009f } };
 	struct sm70_backend *bes[3] = { cpu, gpu, gpu_ref };
 	int max_blocks = 1, total_blocks = 0, n_tok = 0, max_pos = 0, n_decode = 0, n_chunks = 0;
 	int32_t *bt, *perm, *tok_pos, *tok_seq, *tok_slot, *chunk_first, *chunk_len;
 	uint8_t *kbytes, *vbytes;
 	float *q, *out[3];
-	size_t cache_bytes, esz = fp8 ? 1 : 2, row = (size_t)n_kv * D, nq, nout;
+	size_t kc_bytes, vc_bytes, row = (size_t)n_kv * D, nq, nout, n_el;
 	void *dq[3], *dout[3], *dpos[3], *dseq[3], *dslot[3], *dbt[3], *dcf[3], *dcl[3];
 	struct sm70_batch b[3];
 	char what[160];
@@ -496,24 +506,15 @@ static void attention_batch(int D, int group, int fp8, const struct attn_seq *se
 			max_pos = p + 1;
 	}
 
-	/* Random cache bytes in the cache dtype (FP8 as x / scale). */
-	cache_bytes = (size_t)total_blocks * bs * row * esz;
-	kbytes = malloc(cache_bytes);
-	vbytes = malloc(cache_bytes);
+	/* Random cache bytes, K and V each in its dtype (FP8 as x / scale). */
+	n_el = (size_t)total_blocks * bs * row;
+	kc_bytes = n_el * (kv_mode_k_fp8(kvm) ? 1 : 2);
+	vc_bytes = n_el * (kv_mode_v_fp8(kvm) ? 1 : 2);
+	kbytes = malloc(kc_bytes);
+	vbytes = malloc(vc_bytes);
 	assert_true(kbytes && vbytes);
-	for (size_t i = 0; i < cache_bytes / esz; i++) {
-		float kx = rnd(1.0f), vx = rnd(1.0f);
-
-		if (fp8) {
-			kbytes[i] = sm70_f32_to_e4m3(kx / kl[0].k_scale);
-			vbytes[i] = sm70_f32_to_e4m3(vx / kl[0].v_scale);
-		} else {
-			uint16_t hk = sm70_f32_to_f16(kx), hv = sm70_f32_to_f16(vx);
-
-			memcpy(kbytes + 2 * i, &hk, 2);
-			memcpy(vbytes + 2 * i, &hv, 2);
-		}
-	}
+	kv_fill_random(kbytes, n_el, kv_mode_k_fp8(kvm), kl[0].k_scale);
+	kv_fill_random(vbytes, n_el, kv_mode_v_fp8(kvm), kl[0].v_scale);
 	nq = (size_t)n_tok * q_ld;
 	nout = (size_t)n_tok * n_heads * D;
 	/* q a little larger than unit so that the softmax is not flat */
@@ -523,8 +524,8 @@ static void attention_batch(int D, int group, int fp8, const struct attn_seq *se
 		struct sm70_backend *be = bes[i];
 
 		kl[i] = kl[0];
-		kl[i].k = up_bytes(be, kbytes, cache_bytes);
-		kl[i].v = up_bytes(be, vbytes, cache_bytes);
+		kl[i].k = up_bytes(be, kbytes, kc_bytes);
+		kl[i].v = up_bytes(be, vbytes, vc_bytes);
 		dq[i] = up_act(be, q, nq);
 		dout[i] = balloc(be, nout * 4);
 		dpos[i] = up_bytes(be, tok_pos, n_tok * 4);
@@ -547,14 +548,11 @@ static void attention_batch(int D, int group, int fp8, const struct attn_seq *se
 		get_act(be, out[i], dout[i], nout);
 	}
 	snprintf(what, sizeof(what), "attention D=%d G=%d %s tokens=%d (%d dec, %d chunks) "
-		 "max_pos=%d vs cpu", D, group, fp8 ? "fp8" : "f16", n_tok, n_decode, n_chunks,
-		 max_pos);
+		 "max_pos=%d vs cpu", D, group, mode, n_tok, n_decode, n_chunks, max_pos);
 	compare_values(what, out[1], out[0], nout, TOL_ATTN);
-	snprintf(what, sizeof(what), "attention reference D=%d G=%d %s vs cpu", D, group,
-		 fp8 ? "fp8" : "f16");
+	snprintf(what, sizeof(what), "attention reference D=%d G=%d %s vs cpu", D, group, mode);
 	compare_values(what, out[2], out[0], nout, TOL_ATTN);
-	snprintf(what, sizeof(what), "attention fast vs reference D=%d G=%d %s", D, group,
-		 fp8 ? "fp8" : "f16");
+	snprintf(what, sizeof(what), "attention fast vs reference D=%d G=%d %s", D, group, mode);
 	compare_values(what, out[1], out[2], nout, TOL_ATTN);
 
 	for (int i = 0; i < 3; i++) {
@@ -574,11 +572,11 @@ static void attention_batch(int D, int group, int fp8, const struct attn_seq *se
  * 1 and 3, and sequence 2 a decode too when chunk is 0, else a prefill chunk of `chunk`
  * tokens ending at its last position.
  */
-static void attention_case(int D, int group, int fp8, int ctx, int chunk)
+static void attention_case(int D, int group, int kvm, int ctx, int chunk)
 {
 	const struct attn_seq seqs[4] = { { 1, 0 }, { 37, 0 }, { 300, chunk }, { ctx, 0 } };
 
-	attention_batch(D, group, fp8, seqs, 4);
+	attention_batch(D, group, kvm, seqs, 4);
 }
 
 static void test_attention(void **state)
@@ -587,21 +585,23 @@ static void test_attention(void **state)
 
 	for (int hi = 0; hi < 4; hi++)
 		for (int gi = 0; gi < 3; gi++)
-			for (int fp8 = 0; fp8 < 2; fp8++) {
+			for (int kvm = 0; kvm < GPU_KV_MODES; kvm++) {
 				/* decodes only: few blocks, long context -> split-KV */
-				attention_case(hds[hi], groups[gi], fp8, 2048, 0);
+				attention_case(hds[hi], groups[gi], kvm, 2048, 0);
 				/* a 150-token prefill chunk beside the decodes */
-				attention_case(hds[hi], groups[gi], fp8, 1000, 150);
+				attention_case(hds[hi], groups[gi], kvm, 1000, 150);
 			}
 	/* a context that is not a multiple of anything */
 	attention_case(128, 6, 0, 1237, 33);
 	attention_case(64, 2, 1, 17, 3);
+	attention_case(64, 2, 2, 17, 3);
 	/* prefill chunks beside split decodes; GQA 8 */
 	attention_case(256, 6, 1, 600, 40);
+	attention_case(256, 6, 2, 600, 40);
 	attention_case(64, 8, 0, 700, 30);
-	/* long contexts: many splits, both cache dtypes, the decode shape that is benched */
-	attention_case(256, 6, 0, 16384, 0);
-	attention_case(256, 6, 1, 16384, 0);
+	/* long contexts: many splits, every cache mode, the decode shape that is benched */
+	for (int kvm = 0; kvm < GPU_KV_MODES; kvm++)
+		attention_case(256, 6, kvm, 16384, 0);
 }
 
 /* The prefill path: decodes beside chunks of 1, 17, 64, 200, 513 and 100 tokens, fresh
@@ -620,10 +620,11 @@ static void test_attention_prefill(void **state)
 
 	for (int hi = 0; hi < 3; hi++)
 		for (int gi = 0; gi < 4; gi++)
-			for (int fp8 = 0; fp8 < 2; fp8++)
-				attention_batch(hds[hi], groups[gi], fp8, mixed, n_mixed);
+			for (int kvm = 0; kvm < GPU_KV_MODES; kvm++)
+				attention_batch(hds[hi], groups[gi], kvm, mixed, n_mixed);
 	attention_batch(128, 6, 0, chunks_only, 3);
 	attention_batch(256, 8, 1, chunks_only, 3);
+	attention_batch(128, 8, 2, chunks_only, 3);
 	attention_batch(64, 1, 0, one_token, 2);
 	attention_batch(32, 6, 0, mixed, n_mixed);
 }

@@ -502,7 +502,7 @@ static int make_selection(int32_t *row, int p, int ratio, int top, int every)
 }
 
 struct sp_case {
-	int D, group, fp8;
+	int D, group, kvm; /* kvm: the KV mode (gpu_test.h), 0 f16, 1 fp8-all, 2 fp8 */
 	int ratio, top; /* the selection's shape */
 	int every;      /* select every position (and compare with the dense op too) */
 	int n_seqs;
@@ -518,7 +518,8 @@ static void sparse_case(const struct sp_case *sc)
 {
 	const int n_kv = 2, n_heads = n_kv * sc->group, bs = 16, D = sc->D;
 	const int q_ld = (n_heads + 2 * n_kv) * D;
-	struct sm70_kv_layout lay = { sc->fp8 ? SM70_DTYPE_F8E4M3 : SM70_DTYPE_F16, 0, bs, n_kv, D };
+	struct sm70_kv_layout lay = kv_mode_layout(sc->kvm, 0, bs, n_kv, D);
+	const char *mode = kv_mode_name(sc->kvm);
 	struct sm70_kv_layer kl = { NULL, NULL, 0.011f, 0.009f };
 	struct sm70_backend *bes[3] = { cpu, gpu, gpu_ref };
 	struct piece p[MAXS];
@@ -527,7 +528,7 @@ static void sparse_case(const struct sp_case *sc)
 	int max_len = 0, sel_ld, n = 0;
 	int32_t *sel, *n_sel;
 	uint8_t *kbytes, *vbytes;
-	size_t esz = sc->fp8 ? 1 : 2, row = (size_t)n_kv * D, cache_bytes, nq, nout;
+	size_t row = (size_t)n_kv * D, n_el, kc_bytes, vc_bytes, nq, nout;
 	float *q, *out[4];
 	char what[192];
 
@@ -549,23 +550,15 @@ static void sparse_case(const struct sp_case *sc)
 	if (!sc->every)
 		n_sel[1] = 0;
 
-	cache_bytes = (size_t)w.n_blocks * bs * row * esz;
-	kbytes = malloc(cache_bytes);
-	vbytes = malloc(cache_bytes);
+	/* random cache bytes, K and V each in its dtype (FP8 as x / scale) */
+	n_el = (size_t)w.n_blocks * bs * row;
+	kc_bytes = n_el * (kv_mode_k_fp8(sc->kvm) ? 1 : 2);
+	vc_bytes = n_el * (kv_mode_v_fp8(sc->kvm) ? 1 : 2);
+	kbytes = malloc(kc_bytes);
+	vbytes = malloc(vc_bytes);
 	assert_true(kbytes && vbytes);
-	for (size_t i = 0; i < cache_bytes / esz; i++) {
-		float kx = rnd(1.0f), vx = rnd(1.0f);
-
-		if (sc->fp8) {
-			kbytes[i] = sm70_f32_to_e4m3(kx / kl.k_scale);
-			vbytes[i] = sm70_f32_to_e4m3(vx / kl.v_scale);
-		} else {
-			uint16_t hk = sm70_f32_to_f16(kx), hv = sm70_f32_to_f16(vx);
-
-			memcpy(kbytes + 2 * i, &hk, 2);
-			memcpy(vbytes + 2 * i, &hv, 2);
-		}
-	}
+	kv_fill_random(kbytes, n_el, kv_mode_k_fp8(sc->kvm), kl.k_scale);
+	kv_fill_random(vbytes, n_el, kv_mode_v_fp8(sc->kvm), kl.v_scale);
 	nq = (size_t)hb.n_tokens * q_ld;
 	nout = (size_t)hb.n_tokens * n_heads * D;
 	q = rvec16(nq, 2.5f); /* a little larger than unit so that the softmax is not flat */
@@ -578,8 +571,8 @@ static void sparse_case(const struct sp_case *sc)
 		void *dsel = up_bytes(be, sel, sizeof(int32_t) * hb.n_tokens * sel_ld);
 		void *dn = up_bytes(be, n_sel, sizeof(int32_t) * hb.n_tokens);
 
-		k.k = up_bytes(be, kbytes, cache_bytes);
-		k.v = up_bytes(be, vbytes, cache_bytes);
+		k.k = up_bytes(be, kbytes, kc_bytes);
+		k.v = up_bytes(be, vbytes, vc_bytes);
 		db_up(be, &db, &hb, &w);
 		if (i < 3)
 			be->ops->sparse_attention(be, dout, dq, q_ld, &k, &lay, &db.b, dsel, dn,
@@ -594,17 +587,17 @@ static void sparse_case(const struct sp_case *sc)
 		bfree(be, dsel), bfree(be, dn);
 	}
 	snprintf(what, sizeof(what), "sparse_attention D=%d G=%d %s B%d max_pos=%d sel<=%d vs cpu",
-		 D, sc->group, sc->fp8 ? "fp8" : "f16", hb.n_tokens, hb.max_pos, sel_ld);
+		 D, sc->group, mode, hb.n_tokens, hb.max_pos, sel_ld);
 	compare_values(what, out[1], out[0], nout, TOL_ATTN);
 	snprintf(what, sizeof(what), "sparse_attention reference D=%d G=%d %s vs cpu", D,
-		 sc->group, sc->fp8 ? "fp8" : "f16");
+		 sc->group, mode);
 	compare_values(what, out[2], out[0], nout, TOL_ATTN);
 	snprintf(what, sizeof(what), "sparse_attention fast vs reference D=%d G=%d %s", D,
-		 sc->group, sc->fp8 ? "fp8" : "f16");
+		 sc->group, mode);
 	compare_values(what, out[1], out[2], nout, TOL_ATTN);
 	if (sc->every) {
 		snprintf(what, sizeof(what), "sparse_attention every position vs dense attention "
-			 "D=%d G=%d %s", D, sc->group, sc->fp8 ? "fp8" : "f16");
+			 "D=%d G=%d %s", D, sc->group, mode);
 		/* each within TOL_ATTN of the CPU (the dense op's tensor-core path rounds P to
 		 * f16), so within twice that of each other */
 		compare_values(what, out[1], out[3], nout, 2 * TOL_ATTN);
@@ -631,11 +624,17 @@ static void test_sparse_attention(void **state)
 		{ 256, 6, 1, 5, 40, 0, 4, small },
 		{ 128, 4, 0, 4, 8, 1, 4, small },
 		{ 256, 8, 1, 16, 4, 1, 4, small },
+		/* K FP8 with V f16: split and reference kernels, and every position vs dense */
+		{ 64, 2, 2, 4, 16, 0, 4, small },
+		{ 256, 6, 2, 5, 40, 0, 4, small },
+		{ 128, 4, 2, 4, 8, 1, 4, small },
 		/* decode at 32K with a 2048-token budget (512 blocks of 4), B1 and B16 */
 		{ 128, 4, 0, 4, 512, 0, 2, b1 },
 		{ 128, 4, 1, 4, 512, 0, 2, b1 },
 		{ 256, 8, 0, 64, 32, 0, 17, b16 },
 		{ 128, 8, 1, 4, 512, 0, 17, b16 },
+		{ 128, 4, 2, 4, 512, 0, 2, b1 },
+		{ 128, 8, 2, 4, 512, 0, 17, b16 },
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
@@ -716,7 +715,8 @@ static void test_graph_replay(void **state)
 	s.q_ld = s.n_heads * D;
 	s.iq_ld = G_HEADS * G_DIM;
 	s.sel_ld = G_TOP * G_RATIO + G_RATIO - 1;
-	s.lay = (struct sm70_kv_layout){ SM70_DTYPE_F16, w.n_blocks, bs, n_kv, D };
+	s.lay = (struct sm70_kv_layout){ SM70_DTYPE_F16, w.n_blocks, bs, n_kv, D,
+					 SM70_KV_V_AS_K };
 	cache_el = (size_t)w.n_blocks * bs * n_kv * D;
 	n_comp = (size_t)w.n_blocks * bs * G_DIM;
 	kv_host = rvec16(cache_el, 1.0f);

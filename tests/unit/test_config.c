@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "daemon/engine/engine.h"
+
 #define MODEL "tests/fixtures/qwen3-gqa2-d64-tied"
 
 static char dir[64];
@@ -159,6 +161,52 @@ static void test_every_key(void **state)
 	       sizeof(top_keys) / sizeof(top_keys[0]) - 1);
 }
 
+/* Every engine.kv_dtype word the parser takes is one the engine knows, with the K/V
+ * dtypes documented: "fp8" K FP8-E4M3 with V f16, "fp8-all" both FP8. */
+static void test_kv_dtype_words(void **state)
+{
+	static const struct {
+		const char *word;
+		enum sm70_dtype k, v;
+	} want[] = {
+		{ "auto", SM70_DTYPE_COUNT, SM70_DTYPE_COUNT },
+		{ "f32", SM70_DTYPE_F32, SM70_DTYPE_COUNT },
+		{ "f16", SM70_DTYPE_F16, SM70_DTYPE_COUNT },
+		{ "fp8", SM70_DTYPE_F8E4M3, SM70_DTYPE_F16 },
+		{ "fp8-all", SM70_DTYPE_F8E4M3, SM70_DTYPE_COUNT },
+	};
+	char text[128];
+
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		struct sm70__config c;
+		struct sm70_engine_opts eo;
+		struct sm70_err err;
+
+		snprintf(text, sizeof(text), "{\"engine\": {\"kv_dtype\": \"%s\"}}",
+			 want[i].word);
+		assert_int_equal(load_text(&c, text, &err), 0);
+		assert_string_equal(c.engine.kv_dtype, want[i].word);
+		sm70_engine_opts_default(&eo);
+		assert_int_equal(sm70_engine_opts_kv_mode(&eo, c.engine.kv_dtype), 0);
+		assert_int_equal(eo.kv_dtype, want[i].k);
+		assert_int_equal(eo.kv_v_dtype, want[i].v);
+		if (want[i].k != SM70_DTYPE_COUNT)
+			assert_string_equal(sm70_kv_mode_name(want[i].k, want[i].v), want[i].word);
+	}
+	/* the word list of the config and of the engine agree: one more is refused by both */
+	expect_error("{\"engine\": {\"kv_dtype\": \"fp8-k\"}}", -EINVAL,
+		     "engine.kv_dtype: must be");
+	{
+		struct sm70_engine_opts eo;
+
+		sm70_engine_opts_default(&eo);
+		assert_int_equal(sm70_engine_opts_kv_mode(&eo, "fp8-k"), -EINVAL);
+		assert_int_equal(eo.kv_dtype, SM70_DTYPE_COUNT);
+	}
+	printf("engine.kv_dtype: %zu words, each the engine's K/V pair\n",
+	       sizeof(want) / sizeof(want[0]));
+}
+
 static void test_unknown_keys(void **state)
 {
 	expect_error("{\"sokcet\": \"/x\"}", -EINVAL, ": sokcet: unknown key");
@@ -176,7 +224,8 @@ static void test_wrong_types(void **state)
 	expect_error("{\"backend\": 3}", -EINVAL,
 		     "backend: must be \"cpu\", \"cuda\" or \"null\"");
 	expect_error("{\"engine\": {\"kv_dtype\": \"bf16\"}}", -EINVAL,
-		     "engine.kv_dtype: must be \"auto\", \"f32\", \"f16\" or \"fp8\"");
+		     "engine.kv_dtype: must be \"auto\", \"f32\", \"f16\", \"fp8\" or "
+		     "\"fp8-all\"");
 	expect_error("{\"fast_paths\": {\"matmul\": \"turbo\"}}", -EINVAL,
 		     "fast_paths.matmul: must be \"fast\" or \"reference\"");
 	expect_error("{\"limits\": 5}", -EINVAL, "limits: must be an object");
@@ -354,6 +403,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults_and_check),
 		cmocka_unit_test(test_every_key),
+		cmocka_unit_test(test_kv_dtype_words),
 		cmocka_unit_test(test_unknown_keys),
 		cmocka_unit_test(test_wrong_types),
 		cmocka_unit_test(test_out_of_range),

@@ -527,21 +527,43 @@ static int kv_stored_ok(const void *cache, size_t i, enum sm70_dtype t, float x,
 	return ((const float *)cache)[i] == x;
 }
 
-/* Every stored element is bitwise the dtype's encoding of the input (FP8: of x/scale);
- * untouched slots and skipped rows (slot -1) stay zero. */
+/* The KV dtype pairs the CPU tests cover: V like K for each dtype, and the "fp8" mode's K
+ * FP8-E4M3 with V f16 (the others mix the same row conversions). */
+static const struct kv_pair {
+	enum sm70_dtype k, v;
+	const char *name;
+} kv_pairs[] = {
+	{ SM70_DTYPE_F32, SM70_DTYPE_F32, "f32" },
+	{ SM70_DTYPE_F16, SM70_DTYPE_F16, "f16" },
+	{ SM70_DTYPE_F8E4M3, SM70_DTYPE_F8E4M3, "fp8-all" },
+	{ SM70_DTYPE_F8E4M3, SM70_DTYPE_F16, "fp8 (K e4m3, V f16)" },
+};
+#define N_KV_PAIRS 4
+
+static struct sm70_kv_layout kv_pair_layout(const struct kv_pair *pr, int n_blocks, int bs,
+					    int n_kv, int hd)
+{
+	return (struct sm70_kv_layout){ .dtype = pr->k, .n_blocks = n_blocks, .block_size = bs,
+					.n_kv_heads = n_kv, .head_dim = hd,
+					.v_dtype = pr->v == pr->k ? SM70_KV_V_AS_K :
+								    SM70_KV_V(pr->v) };
+}
+
+/* Every stored element is bitwise the dtype's encoding of the input (FP8: of x/scale), K
+ * in K's dtype and V in V's; untouched slots and skipped rows (slot -1) stay zero. */
 static void test_kv_write(void **state)
 {
 	struct sm70_backend *be = cpu_backend(3);
-	const enum sm70_dtype kts[] = { SM70_DTYPE_F32, SM70_DTYPE_F16, SM70_DTYPE_F8E4M3 };
 	size_t checked = 0;
 
-	for (size_t ti = 0; ti < 3; ti++) {
-		struct sm70_kv_layout lay = { kts[ti], 6, 7, 3, 17 };
+	for (size_t ti = 0; ti < N_KV_PAIRS; ti++) {
+		struct sm70_kv_layout lay = kv_pair_layout(&kv_pairs[ti], 6, 7, 3, 17);
 		const int n = 20, row = lay.n_kv_heads * lay.head_dim, ld = row + 3;
 		const int n_slots = lay.n_blocks * lay.block_size;
-		size_t esz = sm70_dtype_size(lay.dtype);
-		struct sm70_kv_layer kv = { balloc(be, esz * n_slots * row),
-					    balloc(be, esz * n_slots * row), 0.01f, 0.03f };
+		size_t ksz = sm70_dtype_size(lay.dtype);
+		size_t vsz = sm70_dtype_size(sm70_kv_v_dtype(&lay));
+		struct sm70_kv_layer kv = { balloc(be, ksz * n_slots * row),
+					    balloc(be, vsz * n_slots * row), 0.01f, 0.03f };
 		float *k = balloc(be, sizeof(float) * n * ld);
 		float *v = balloc(be, sizeof(float) * n * ld);
 		int32_t *slots = balloc(be, sizeof(int32_t) * n);
@@ -568,8 +590,10 @@ static void test_kv_write(void **state)
 					const float *src = which ? v : k;
 					float scale = which ? kv.v_scale : kv.k_scale;
 					float x = owner[s] < 0 ? 0.0f : src[owner[s] * ld + d];
+					enum sm70_dtype t = which ? sm70_kv_v_dtype(&lay) :
+								    lay.dtype;
 
-					assert_true(kv_stored_ok(cache, idx, lay.dtype, x, scale,
+					assert_true(kv_stored_ok(cache, idx, t, x, scale,
 								 owner[s] < 0));
 					checked++;
 				}
@@ -577,8 +601,8 @@ static void test_kv_write(void **state)
 		}
 		bfree_all(be, slots, v, k, kv.v, kv.k);
 	}
-	printf("  kv_write: %zu cache elements bitwise equal to their f32/f16/fp8 encodings\n",
-	       checked);
+	printf("  kv_write: %zu cache elements bitwise equal to their f32/f16/fp8 encodings "
+	       "(V like K, and K fp8 with V f16)\n", checked);
 	sm70_backend_destroy(be);
 }
 
@@ -589,16 +613,18 @@ static void test_kv_write(void **state)
  * their whole K/V written through kv_write, then a batch mixing a one-token prompt,
  * prefill chunks and a decode token. The reference reads the cache back (so K/V
  * rounding is not counted), computes in double, and the tolerance is 1e-6 of the
- * largest |V| in the cache (the output is a convex combination of V rows).
+ * largest |V| in the cache (the output is a convex combination of V rows). K and V in the
+ * dtypes of pr.
  */
 static void attention_case(struct sm70_backend *be, int hd, int ratio, int bs,
-			   enum sm70_dtype t, struct errstat *e)
+			   const struct kv_pair *pr, struct errstat *e)
 {
 	const int lens[ATT_SEQS] = { 1, 9, 40, 75 };
 	const int take[ATT_SEQS] = { 1, 3, 1, 5 }; /* the last `take` tokens are in the batch */
 	const int n_kv = ratio == 6 ? 1 : 2, n_heads = n_kv * ratio;
 	const int row = n_kv * hd, ld = row + 3, q_ld = n_heads * hd + 8;
-	const size_t esz = sm70_dtype_size(t);
+	const enum sm70_dtype t = pr->k, vt = pr->v;
+	const size_t ksz = sm70_dtype_size(t), vsz = sm70_dtype_size(vt);
 	int max_blocks = 0, n_blocks = 3, total = 0, n_tok = 0, perm[64];
 	struct sm70_kv_layout lay;
 	struct sm70_kv_layer kv;
@@ -615,9 +641,9 @@ static void attention_case(struct sm70_backend *be, int hd, int ratio, int bs,
 		n_tok += take[s];
 	}
 	assert_true(n_blocks <= 64);
-	lay = (struct sm70_kv_layout){ t, n_blocks, bs, n_kv, hd };
-	kv = (struct sm70_kv_layer){ balloc(be, esz * n_blocks * bs * row),
-				     balloc(be, esz * n_blocks * bs * row), 0.004f, 0.006f };
+	lay = kv_pair_layout(pr, n_blocks, bs, n_kv, hd);
+	kv = (struct sm70_kv_layer){ balloc(be, ksz * n_blocks * bs * row),
+				     balloc(be, vsz * n_blocks * bs * row), 0.004f, 0.006f };
 	for (int i = 0; i < n_blocks; i++)
 		perm[i] = i;
 	for (int i = n_blocks - 1; i > 0; i--) {
@@ -649,7 +675,7 @@ static void attention_case(struct sm70_backend *be, int hd, int ratio, int bs,
 	}
 	be->ops->kv_write(be, &kv, &lay, k, v, ld, slots, total);
 	for (size_t i = 0; i < (size_t)n_blocks * bs * row; i++)
-		vmax = fmaxf(vmax, fabsf(kv_value(kv.v, i, t, kv.v_scale)));
+		vmax = fmaxf(vmax, fabsf(kv_value(kv.v, i, vt, kv.v_scale)));
 
 	tp = balloc(be, sizeof(int32_t) * n_tok);
 	ts = balloc(be, sizeof(int32_t) * n_tok);
@@ -690,10 +716,10 @@ static void attention_case(struct sm70_backend *be, int hd, int ratio, int bs,
 			for (int p = 0; p < np; p++)
 				sum += (sc[p] = exp(sc[p] - mx));
 			for (int p = 0; p < np; p++) {
-				double pr = sc[p] / sum;
+				double w = sc[p] / sum;
 
 				for (int d = 0; d < hd; d++)
-					ref[d] += pr * kv_value(kv.v, base[p] + d, t, kv.v_scale);
+					ref[d] += w * kv_value(kv.v, base[p] + d, vt, kv.v_scale);
 			}
 			for (int d = 0; d < hd; d++)
 				err_add_nan_ok(e, out[((size_t)i * n_heads + h) * hd + d], ref[d], vmax);
@@ -705,25 +731,24 @@ static void attention_case(struct sm70_backend *be, int hd, int ratio, int bs,
 static void test_attention(void **state)
 {
 	struct sm70_backend *be = cpu_backend(3);
-	const enum sm70_dtype kts[] = { SM70_DTYPE_F32, SM70_DTYPE_F16, SM70_DTYPE_F8E4M3 };
 	const int hds[] = { 64, 128, 256 }, ratios[] = { 1, 2, 6 }, bss[] = { 16, 7 };
-	struct errstat e[3] = { { 0 } }, e2 = { 0 };
+	struct errstat e[N_KV_PAIRS] = { { 0 } }, e2 = { 0 };
 	char what[64];
 
-	for (size_t c = 0; c < 3 * 3 * 3 * 2; c++) {
+	for (size_t c = 0; c < N_KV_PAIRS * 3 * 3 * 2; c++) {
 		size_t ti = c / 18, hi = c / 6 % 3, ri = c / 2 % 3, bi = c % 2;
 
-		attention_case(be, hds[hi], ratios[ri], bss[bi], kts[ti], &e[ti]);
+		attention_case(be, hds[hi], ratios[ri], bss[bi], &kv_pairs[ti], &e[ti]);
 	}
-	for (size_t ti = 0; ti < 3; ti++) {
+	for (size_t ti = 0; ti < N_KV_PAIRS; ti++) {
 		snprintf(what, sizeof(what), "attention, %s KV (rel to max |V|)",
-			 sm70_dtype_name(kts[ti]));
+			 kv_pairs[ti].name);
 		err_report_wide(what, &e[ti], 1e-6);
 	}
 	/* the two-pass path taken when there is no scratch */
 	sm70__cpu_of(be)->scratch_off = 1;
-	for (size_t ti = 0; ti < 3; ti++)
-		attention_case(be, 128, 2, 7, kts[ti], &e2);
+	for (size_t ti = 0; ti < N_KV_PAIRS; ti++)
+		attention_case(be, 128, 2, 7, &kv_pairs[ti], &e2);
 	sm70__cpu_of(be)->scratch_off = 0;
 	err_report_wide("attention, no-scratch path (rel to max |V|)", &e2, 1e-6);
 	sm70_backend_destroy(be);

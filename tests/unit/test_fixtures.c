@@ -14,7 +14,8 @@
  * routing probability over layers and tokens): from the first forward whose margin is
  * under 2e-4, about what fp16 activations move a probability, the GPU may route a token
  * to another expert, and a difference from there on ends the case (reported) instead of
- * failing it. SM70_KV_DTYPE=fp8 selects an FP8 KV cache.
+ * failing it. SM70_KV_DTYPE selects the KV cache mode by engine.kv_dtype's words: fp8 (K
+ * FP8-E4M3, V f16), fp8-all (both FP8), f16, f32.
  */
 #include <dirent.h>
 #include <jansson.h>
@@ -37,7 +38,7 @@ static double case_tol;                 /* the one that applies to the model bei
 static double margin_min = 0; /* steps closer than this may diverge (GPU only) */
 static double router_margin_min = 0; /* MoE: forwards routed closer than this, too */
 static const char *backend = "cpu";
-static enum sm70_dtype kv_dtype = SM70_DTYPE_COUNT;
+static const char *kv_mode = "auto"; /* SM70_KV_DTYPE: engine.kv_dtype's words */
 #define MAX_CASES 16
 #define MAX_STEPS 64
 
@@ -215,7 +216,7 @@ static void alone(const char *dir, const char *name)
 
 	sm70_engine_opts_default(&eo);
 	eo.backend = backend;
-	eo.kv_dtype = kv_dtype;
+	assert_int_equal(sm70_engine_opts_kv_mode(&eo, kv_mode), 0);
 	for (size_t i = 0; i < json_array_size(cases); i++) {
 		int one = (int)i;
 		run_cases(dir, cases, &one, 1, &eo, &c);
@@ -235,7 +236,7 @@ static void batched(const char *dir, const char *name)
 
 	sm70_engine_opts_default(&eo);
 	eo.backend = backend;
-	eo.kv_dtype = kv_dtype;
+	assert_int_equal(sm70_engine_opts_kv_mode(&eo, kv_mode), 0);
 	eo.max_batch_tokens = 48; /* long prompts take several chunked steps */
 	eo.block_size = 7;        /* odd size: many blocks, boundaries everywhere */
 	eo.max_seqs = 4;
@@ -265,7 +266,7 @@ static void batch16(const char *dir, const char *name)
 
 	sm70_engine_opts_default(&eo);
 	eo.backend = backend;
-	eo.kv_dtype = kv_dtype;
+	assert_int_equal(sm70_engine_opts_kv_mode(&eo, kv_mode), 0);
 	eo.max_seqs = 16;
 	eo.max_batch_tokens = 256;
 	eo.kv_bytes = (size_t)512 << 20;
@@ -309,10 +310,18 @@ int main(void)
 		margin_min = 0.05;
 		router_margin_min = 2e-4;
 	}
-	if (kv && strcmp(kv, "fp8") == 0)
-		kv_dtype = SM70_DTYPE_F8E4M3;
+	if (kv && *kv) {
+		struct sm70_engine_opts eo;
+
+		if (sm70_engine_opts_kv_mode(&eo, kv)) {
+			fprintf(stderr, "SM70_KV_DTYPE must be " SM70_KV_MODE_WORDS ", not '%s'\n",
+				kv);
+			return 2;
+		}
+		kv_mode = kv;
+	}
 	printf("backend %s, KV %s, gap tolerance %g\n", backend,
-	       kv_dtype == SM70_DTYPE_COUNT ? "default" : sm70_dtype_name(kv_dtype), gap_tol);
+	       strcmp(kv_mode, "auto") ? kv_mode : "default", gap_tol);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_alone),
 		cmocka_unit_test(test_batched),

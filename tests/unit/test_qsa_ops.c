@@ -518,8 +518,8 @@ static void fill_cache(void *cache, size_t n, enum sm70_dtype t, float scale)
 
 /* out[AHD] = softmax(q . K^T * scale) V over the n positions pos of sequence s, float64. */
 static void ref_attend(double *out, const float *q, const struct world *w, int s, int h,
-		       const struct sm70_kv_layer *kv, enum sm70_dtype t, const int32_t *pos,
-		       int n, float scale)
+		       const struct sm70_kv_layer *kv, enum sm70_dtype t, enum sm70_dtype vt,
+		       const int32_t *pos, int n, float scale)
 {
 	const int kvh = h / (AHEADS / AKV);
 	double *sc = malloc(sizeof(double) * (n + 1)), mx = -INFINITY, sum = 0.0;
@@ -543,7 +543,7 @@ static void ref_attend(double *out, const float *q, const struct world *w, int s
 		double pr = exp(sc[i] - mx) / sum;
 
 		for (int d = 0; d < AHD; d++)
-			out[d] += pr * kv_value(kv->v, base + d, t, kv->v_scale);
+			out[d] += pr * kv_value(kv->v, base + d, vt, kv->v_scale);
 	}
 	free(sc);
 }
@@ -552,19 +552,22 @@ static void ref_attend(double *out, const float *q, const struct world *w, int s
  * Decodes of four sequences (one a single token) and a prefill chunk, over a random
  * ascending subset of each token's positions (always its own), against float64; then
  * every position selected must give the dense attention's bits; then the same without
- * scratch (the two-pass form); a token with n_sel 0 gets zeros.
+ * scratch (the two-pass form); a token with n_sel 0 gets zeros. K in t, V in vt.
  */
-static void sparse_case(enum sm70_dtype t, struct errstat *e, size_t *bitwise)
+static void sparse_case(enum sm70_dtype t, enum sm70_dtype vt, struct errstat *e,
+			size_t *bitwise)
 {
 	struct sm70_backend *be = cpu_backend(4);
 	const int len[4] = { 1, 30, 61, 200 };
 	const float scale = 1.0f / sqrtf((float)AHD);
-	struct sm70_kv_layout lay = { t, 0, BS, AKV, AHD };
+	struct sm70_kv_layout lay = { .dtype = t, .block_size = BS, .n_kv_heads = AKV,
+				      .head_dim = AHD,
+				      .v_dtype = vt == t ? SM70_KV_V_AS_K : SM70_KV_V(vt) };
 	struct sm70_kv_layer kv = { NULL, NULL, 0.009f, 0.011f };
 	struct piece p[4] = { { 0, 0, 1 }, { 1, 29, 1 }, { 3, 199, 1 }, { 2, 40, 21 } };
 	struct world w;
 	struct tb *tb;
-	size_t n_el, nout, esz = sm70_dtype_size(t);
+	size_t n_el, nout, esz = sm70_dtype_size(t), vsz = sm70_dtype_size(vt);
 	const int sel_ld = 210;
 	int32_t *sel, *n_sel;
 	float *q, *out, *dense;
@@ -573,9 +576,9 @@ static void sparse_case(enum sm70_dtype t, struct errstat *e, size_t *bitwise)
 	lay.n_blocks = w.n_blocks;
 	n_el = (size_t)w.n_blocks * BS * AKV * AHD;
 	kv.k = balloc(be, esz * n_el);
-	kv.v = balloc(be, esz * n_el);
+	kv.v = balloc(be, vsz * n_el);
 	fill_cache(kv.k, n_el, t, kv.k_scale);
-	fill_cache(kv.v, n_el, t, kv.v_scale);
+	fill_cache(kv.v, n_el, vt, kv.v_scale);
 	tb = tb_new(be, &w, p, 4, 3);
 	nout = (size_t)tb->b.n_tokens * AHEADS * AHD;
 	q = balloc(be, sizeof(float) * tb->b.n_tokens * AQLD);
@@ -604,7 +607,8 @@ static void sparse_case(enum sm70_dtype t, struct errstat *e, size_t *bitwise)
 				const float *o = out + ((size_t)tk * AHEADS + h) * AHD;
 
 				ref_attend(ref, q + (size_t)tk * AQLD + h * AHD, &w, tb->seq[tk], h,
-					   &kv, t, sel + (size_t)tk * sel_ld, n_sel[tk], scale);
+					   &kv, t, vt, sel + (size_t)tk * sel_ld, n_sel[tk],
+					   scale);
 				for (int d = 0; d < AHD; d++)
 					err_add(e, o[d], ref[d], 1.0);
 			}
@@ -634,15 +638,19 @@ static void sparse_case(enum sm70_dtype t, struct errstat *e, size_t *bitwise)
 
 static void test_sparse_attention(void **state)
 {
-	const enum sm70_dtype kts[] = { SM70_DTYPE_F32, SM70_DTYPE_F16, SM70_DTYPE_F8E4M3 };
-	static const char *const names[] = { "f32", "f16", "f8e4m3" };
+	/* K dtype, V dtype: V like K, and the "fp8" mode's K FP8 with V f16 */
+	const enum sm70_dtype kts[] = { SM70_DTYPE_F32, SM70_DTYPE_F16, SM70_DTYPE_F8E4M3,
+					SM70_DTYPE_F8E4M3 };
+	const enum sm70_dtype vts[] = { SM70_DTYPE_F32, SM70_DTYPE_F16, SM70_DTYPE_F8E4M3,
+					SM70_DTYPE_F16 };
+	static const char *const names[] = { "f32", "f16", "f8e4m3", "K f8e4m3 V f16" };
 
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 4; i++) {
 		struct errstat e = { 0 };
 		size_t bitwise = 0;
 		char what[96];
 
-		sparse_case(kts[i], &e, &bitwise);
+		sparse_case(kts[i], vts[i], &e, &bitwise);
 		snprintf(what, sizeof(what), "sparse_attention, %s KV, with and without scratch",
 			 names[i]);
 		/* |V| <= 1: f32 dots of 24 terms and a normaliser summed in double */

@@ -69,9 +69,11 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: sm70-bench decode -m|--model MODEL_DIR [--backend cuda|cpu] [--load-format "
 		"auto|dummy]\n"
-		"         [--batch 1,8,16] [--ctx 1024,16384] [--steps N] [--kv-dtype f16|fp8|f32]\n"
+		"         [--batch 1,8,16] [--ctx 1024,16384] [--steps N] [--kv-dtype MODE]\n"
 		"         [--kv-gib G] [--bw-gbs GBPS] [--tp N] [--gpus 0,1,...]\n"
 		"         [--batch-invariant] [--help]\n"
+		"MODE: f16 (the default), fp8 (K FP8-E4M3, V f16), fp8-all (K and V FP8-E4M3)"
+		" or f32\n"
 		"--batch-invariant times the engine.batch_invariant paths (docs/ENGINE.md).\n");
 }
 
@@ -127,8 +129,10 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 	{
 		const struct sm70_model_config *mc = sm70_engine_model_config(e);
 		int kv_heads = mc->n_kv_heads < eo->tp ? eo->tp : mc->n_kv_heads;
-		double kv_tok = 2.0 * mc->n_attn_layers * kv_heads * mc->head_dim *
-				(double)sm70_dtype_size(eo->kv_dtype);
+		enum sm70_dtype v_dt = eo->kv_v_dtype != SM70_DTYPE_COUNT ? eo->kv_v_dtype :
+								    eo->kv_dtype;
+		double kv_tok = (double)mc->n_attn_layers * kv_heads * mc->head_dim *
+				(double)(sm70_dtype_size(eo->kv_dtype) + sm70_dtype_size(v_dt));
 		struct sm70_engine_stats st;
 		double slot = 0;
 		sm70_engine_get_stats(e, &st);
@@ -209,8 +213,12 @@ int sm70__bench_decode(int argc, char **argv)
 			break;
 		}
 		case 'k':
-			eo.kv_dtype = strcmp(optarg, "fp8") == 0 ? SM70_DTYPE_F8E4M3 :
-				      strcmp(optarg, "f32") == 0 ? SM70_DTYPE_F32 : SM70_DTYPE_F16;
+			/* the bytes-per-step figure needs the dtypes: no "auto" */
+			if (strcmp(optarg, "auto") == 0 || sm70_engine_opts_kv_mode(&eo, optarg)) {
+				fprintf(stderr, "sm70-bench decode: --kv-dtype must be f16, fp8, "
+					"fp8-all or f32, not '%s'\n", optarg);
+				return 2;
+			}
 			break;
 		case 'I': eo.batch_invariant = 1; break;
 		case 'h': usage(stdout); return 0;
@@ -234,7 +242,7 @@ int sm70__bench_decode(int argc, char **argv)
 	}
 	printf("decode: %s, backend %s, tp %d, %s weights, KV %s, %d timed steps, graphs %s%s%s\n",
 	       model, eo.backend, eo.tp, eo.dummy_weights ? "dummy" : "checkpoint",
-	       sm70_dtype_name(eo.kv_dtype), steps,
+	       sm70_kv_mode_name(eo.kv_dtype, eo.kv_v_dtype), steps,
 	       getenv("SM70_GRAPHS") && !strcmp(getenv("SM70_GRAPHS"), "0") ? "off" : "on",
 	       getenv("SM70_BENCH_SKIP_ALLREDUCE") ? ", all-reduces SKIPPED" : "",
 	       eo.batch_invariant ? ", batch invariant" : "");
