@@ -266,42 +266,55 @@ static __device__ void attn_fold_merge(const struct sm70__attn_args &a, int tok,
 		a.count[blockIdx.x] = 0;
 }
 
-/* One tensor's 16-byte loads of tile t (positions p0 + t*TP ...) into its registers regs
- * (CH_ of them, CP_ a row, EP_ values each, SZ_ bytes a value); rows past the range read
- * as zero so that 0 * garbage never reaches P V. attn_tc_kernel's, in its scope. */
-#define ATC_LOAD_ONE(regs, cache, t, CH_, CP_, EP_, SZ_)                                  \
+/* K FP8 with V f16 (the loads of the two differ in size): thread tid takes row tid / TPR
+ * of tile t (positions p0 + t*TP ...), TPR = TC_THREADS / TP threads a row, so its slot,
+ * block-table entry and divisions are worked out once for both tensors; its K loads are
+ * chunks j, j + TPR, ... of the row's CPK (j = tid % TPR), its V loads the same of CPV.
+ * (Mapping each tensor's loads over the block on its own made every load compute its own
+ * row: 1.5 times the integer work and dependent block-table loads of the one-dtype
+ * kernels, and slower than f16.) Rows past the range read as zero so that 0 * garbage
+ * never reaches P V. attn_tc_kernel's, in its scope. */
+#define ATC_LOAD_ROW(kregs, vregs, t)                                                     \
 	do {                                                                              \
-		const int t0_ = p0 + (t) * TP, nt_ = min(TP, p1 - t0_);                   \
-		_Pragma("unroll") for (int c = 0; c < (CH_); c++) {                       \
-			const int idx_ = tid + c * TC_THREADS, r_ = idx_ / (CP_);         \
-			(regs)[c] = make_uint4(0, 0, 0, 0);                               \
-			if (idx_ < TP * (CP_) && r_ < nt_) {                              \
-				const int p_ = t0_ + r_;                                  \
-				const size_t slot_ = (size_t)bt[p_ / a.bs] * a.bs + p_ % a.bs; \
-				const size_t off_ = ((slot_ * a.n_kv + kvh) * D +         \
-						     (size_t)(idx_ - r_ * (CP_)) * (EP_)) * (SZ_); \
-				(regs)[c] = __ldg((const uint4 *)((const char *)(cache) + off_)); \
-			}                                                                 \
+		const int t0_ = p0 + (t) * TP, r_ = tid / TPR, j_ = tid - r_ * TPR;       \
+		_Pragma("unroll") for (int c = 0; c < CHK; c++)                           \
+			(kregs)[c] = make_uint4(0, 0, 0, 0);                              \
+		_Pragma("unroll") for (int c = 0; c < CHV; c++)                           \
+			(vregs)[c] = make_uint4(0, 0, 0, 0);                              \
+		if (r_ < p1 - t0_) {                                                      \
+			const int p_ = t0_ + r_;                                          \
+			const size_t row_ = ((size_t)bt[p_ / a.bs] * a.bs + p_ % a.bs) *  \
+					    a.n_kv + kvh;                                 \
+			const uint4 *kp_ =                                                \
+				(const uint4 *)((const char *)a.kc + row_ * D * KSZ);     \
+			const uint4 *vp_ =                                                \
+				(const uint4 *)((const char *)a.vc + row_ * D * VSZ);     \
+			_Pragma("unroll") for (int c = 0; c < CHK; c++)                   \
+				if (j_ + c * TPR < CPK)                                   \
+					(kregs)[c] = __ldg(kp_ + j_ + c * TPR);           \
+			_Pragma("unroll") for (int c = 0; c < CHV; c++)                   \
+				if (j_ + c * TPR < CPV)                                   \
+					(vregs)[c] = __ldg(vp_ + j_ + c * TPR);           \
 		}                                                                         \
 	} while (0)
 
-/* One tensor's registers regs (CH_ loads, CP_ a row) into its f16 tile, FP8_ decoded. */
-#define ATC_STAGE(regs, tile, FP8_, CH_, CP_)                                             \
+/* ATC_LOAD_ROW's registers into the f16 tiles, K decoded from FP8. */
+#define ATC_STAGE_ROW(kregs, vregs)                                                       \
 	do {                                                                              \
-		_Pragma("unroll") for (int c = 0; c < (CH_); c++) {                       \
-			const int idx_ = tid + c * TC_THREADS, r_ = idx_ / (CP_);         \
-			const int col_ = (idx_ - r_ * (CP_)) * ((FP8_) ? 16 : 8);         \
-			if (idx_ >= TP * (CP_))                                           \
-				break;                                                    \
-			if (FP8_) {                                                       \
+		const int r_ = tid / TPR, j_ = tid - r_ * TPR;                            \
+		_Pragma("unroll") for (int c = 0; c < CHK; c++) {                         \
+			if (j_ + c * TPR < CPK) {                                         \
 				uint4 lo_, hi_;                                           \
-				e4m3x16_to_f16_scaled((regs)[c], lo_, hi_);               \
-				*(uint4 *)((tile) + r_ * QS + col_) = lo_;                \
-				*(uint4 *)((tile) + r_ * QS + col_ + 8) = hi_;            \
-			} else {                                                          \
-				*(uint4 *)((tile) + r_ * QS + col_) = (regs)[c];          \
+				e4m3x16_to_f16_scaled((kregs)[c], lo_, hi_);              \
+				*(uint4 *)(k_s + r_ * QS + (j_ + c * TPR) * 16) = lo_;    \
+				*(uint4 *)(k_s + r_ * QS + (j_ + c * TPR) * 16 + 8) =     \
+					hi_;                                              \
 			}                                                                 \
 		}                                                                         \
+		_Pragma("unroll") for (int c = 0; c < CHV; c++)                           \
+			if (j_ + c * TPR < CPV)                                           \
+				*(uint4 *)(v_s + r_ * QS + (j_ + c * TPR) * 8) =          \
+					(vregs)[c];                                       \
 	} while (0)
 
 /* One block of 8 warps per (token, KV head, split), TP positions a tile, NPF tiles loaded
@@ -318,6 +331,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 	constexpr int CPK = D / EPK, CPV = D / EPV;           /* loads per row */
 	constexpr int CHK = (TP * CPK + TC_THREADS - 1) / TC_THREADS; /* loads a thread */
 	constexpr int CHV = (TP * CPV + TC_THREADS - 1) / TC_THREADS;
+	constexpr int TPR = TC_THREADS / TP; /* threads a row (K FP8 with V f16) */
 	constexpr size_t KSZ = KF8 ? 1 : 2, VSZ = VF8 ? 1 : 2; /* bytes a value */
 	constexpr int NCT = (D / 16 + TC_WARPS - 1) / TC_WARPS; /* O column tiles a warp */
 	constexpr float LOG2E = 1.4426950408889634f;
@@ -367,8 +381,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 				}                                                         \
 			}                                                                 \
 		} else {                                                                  \
-			ATC_LOAD_ONE(kr[d], a.kc, t, CHK, CPK, EPK, KSZ);                 \
-			ATC_LOAD_ONE(vr[d], a.vc, t, CHV, CPV, EPV, VSZ);                 \
+			ATC_LOAD_ROW(kr[d], vr[d], t);                                    \
 		}                                                                         \
 	} while (0)
 
@@ -431,8 +444,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 					}
 				}
 			} else {
-				ATC_STAGE(kr[d], k_s, KF8, CHK, CPK);
-				ATC_STAGE(vr[d], v_s, VF8, CHV, CPV);
+				ATC_STAGE_ROW(kr[d], vr[d]);
 			}
 			if (tt + NPF < ntiles)
 				ATC_LOAD(d, tt + NPF);
@@ -530,8 +542,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 		}
 	}
 #undef ATC_LOAD
-#undef ATC_LOAD_ONE
-#undef ATC_STAGE
+#undef ATC_LOAD_ROW
+#undef ATC_STAGE_ROW
 
 	/* O through shared memory (the K tile's space) to plain rows */
 	__syncthreads();
