@@ -53,6 +53,7 @@
 #include <stdio.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/moe_ks.h"
 #include "kernels/cuda/pdl.h"
 
 #define EX_KS 64           /* columns a step: 128 bytes of each weight row */
@@ -82,7 +83,7 @@ struct ex_args {
  * those spill). A block has RT * ks warps, ks chosen at launch (ex_pick_ks), so the bound
  * is on the threads an SM holds: one block of all of them gives the same register cap. */
 #define EX_WARPS_SM(NI, PF) ((PF) * (4 + (NI)) > 12 ? 8 : 16)
-#define EX_MAX_KS 8
+#define EX_MAX_KS SM70__MOE_MAX_KS
 
 /*
  * One pass of the grouped experts (MODE), NI x row groups of 4 loaded (tokens a pass
@@ -337,41 +338,26 @@ extern "C" void sm70__cuda_moe_tune_ks(int gate_up_ks, int down_ks)
 }
 
 /*
- * The fitting rule: the warps a tile (1 .. 8) that make the pass shortest when each of
- * the units (tile groups x expert slots) takes ceil(steps / ks) + EX_UNIT_COST steps of
- * its warps and the SMs hold floor(warps / (RT ks)) blocks each: rounds x unit time. At
- * B1 a pass has few units (Qwen3-Next's gate_up 640 for 528 4-warp places: two rounds,
- * the second a fifth full), so the split that fills the places matters more than the
- * steps a warp keeps; with many units, whole rows a warp (ks 1) cost least. The unit
- * cost was fitted to the sweep in docs/PERFORMANCE.md ("MoE: warps a tile"). The model
- * fails for gate_up at 9-16 tokens (8 warps an SM: it picks 1, which measured 15-17%
- * slower than 2 or 3), so that case takes 2. With it the choice was the fastest or within
- * 2.3% of it in 14 of the 16 cases of the sweep, 4.4 and 6.3% in the other two
- * (Qwen3-Next's down pass at B8 and B1).
+ * The fitting rule (moe_ks.h): the warps a tile (1 .. 8) that make the pass shortest when
+ * each of the units (tile groups x expert slots) takes ceil(steps / ks) + EX_UNIT_COST
+ * steps of its warps and the SMs hold floor(warps / (RT ks)) blocks each. At B1 a pass has
+ * few units (Qwen3-Next's gate_up 640 for 528 4-warp places: two rounds, the second a fifth
+ * full), so the split that fills the places matters more than the steps a warp keeps. The
+ * unit cost was fitted to the sweep in docs/PERFORMANCE.md ("MoE: warps a tile"). The model
+ * fails for gate_up at 9-16 tokens (8 warps an SM: it picks 1, which measured 15-17% slower
+ * than 2 or 3), so that case takes 2. With it the choice was the fastest or within 2.3% of
+ * it in 14 of the 16 cases of the sweep, 4.4 and 6.3% in the other two (Qwen3-Next's down
+ * pass at B8 and B1).
  */
 #define EX_UNIT_COST 8 /* steps' worth of lookups, staging and the sum a unit costs */
 
 static int ex_pick_ks(const struct sm70__cuda *c, int mode, int rt, int warps_sm, int groups,
 		      int slots, int nsteps)
 {
-	long best = -1;
-	int pick = 1;
-
 	if (mode == EX_GATE_UP && warps_sm < 16)
 		return 2;
-	for (int ks = 1; ks <= EX_MAX_KS; ks++) {
-		const long res = (long)c->n_sm * (warps_sm / (rt * ks));
-		long units = (long)groups * slots, cost;
-
-		if (res == 0)
-			break;
-		cost = (units + res - 1) / res * ((nsteps + ks - 1) / ks + EX_UNIT_COST);
-		if (best < 0 || cost < best) {
-			best = cost;
-			pick = ks;
-		}
-	}
-	return pick;
+	return sm70__moe_pick_ks(c->n_sm, rt, warps_sm, (long)groups * slots, nsteps,
+				 EX_UNIT_COST);
 }
 
 template <int MODE, int NI, int RT, int PF>
