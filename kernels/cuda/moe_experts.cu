@@ -40,8 +40,8 @@
  * dots, and mid rounded to f16 (the act dtype) between the passes.
  *
  * NVFP4 stacks (both, from prepare_experts): moe_experts_nvfp4.cu queues their gate_up and
- * down passes (grouped or reference, by the same switch and tune hook), then the combine
- * here.
+ * down passes (grouped or reference, by the same switch and tune hooks; its split of warps
+ * a tile by the same rule and SM70_MOE_KS), then the combine here.
  *
  * Non-goals: other quantised experts, expert parallelism, a tuned prefill (n > 16) path.
  */
@@ -304,12 +304,16 @@ static const struct ex_shape ex_variants[EX_VARIANTS][2] = {
 	{ { 1, 8, 2, 4 }, { 2, 4, 2, 4 } },
 };
 
-/* Set by sm70__cuda_moe_tune_ks or SM70_MOE_KS=G,D (read once): each pass's warps a tile
- * instead of its shape's (0: the shape's; -1: the fitting rule of ex_pick_ks). */
+/* Set by sm70__cuda_moe_tune_ks or SM70_MOE_KS=G,D (read at the first launch, and again
+ * after sm70__cuda_moe_tune_ks(-2, -2); told once): each pass's warps a tile instead of its
+ * shape's (0: the shape's; -1: the fitting rule of ex_pick_ks), on f16 and NVFP4 stacks
+ * alike. */
 static int tune_ks[2] = { -2, -2 };
 
 static int ex_forced_ks(int mode)
 {
+	static int told;
+
 	if (tune_ks[0] == -2) {
 		const char *v = getenv("SM70_MOE_KS");
 		int g = 0, d = 0;
@@ -321,18 +325,23 @@ static int ex_forced_ks(int mode)
 			   d >= 1 && d <= EX_MAX_KS) {
 			tune_ks[0] = g;
 			tune_ks[1] = d;
-		} else if (v) {
+		} else if (v && !told) {
 			fprintf(stderr, "sm70 cuda: SM70_MOE_KS=%s: not auto or G,D (1..%d), "
 					"ignored\n", v, EX_MAX_KS);
 		}
-		if (tune_ks[0])
+		if (tune_ks[0] && !told)
 			fprintf(stderr, "sm70 cuda: SM70_MOE_KS=%s\n", v);
+		told = 1;
 	}
 	return tune_ks[mode];
 }
 
 extern "C" void sm70__cuda_moe_tune_ks(int gate_up_ks, int down_ks)
 {
+	if (gate_up_ks == -2 && down_ks == -2) {
+		tune_ks[0] = tune_ks[1] = -2; /* SM70_MOE_KS again */
+		return;
+	}
 	tune_ks[0] = gate_up_ks >= -1 && gate_up_ks <= EX_MAX_KS ? gate_up_ks : 0;
 	tune_ks[1] = down_ks >= -1 && down_ks <= EX_MAX_KS ? down_ks : 0;
 }
@@ -567,9 +576,11 @@ extern "C" void sm70__cuda_moe_experts(struct sm70_backend *be, void *out, const
 	nk = (int)nk64;
 	slots = nk < E ? nk : E; /* the most distinct experts a step can read */
 	if (fp4) {
+		const int ks[2] = { ex_forced_ks(EX_GATE_UP), ex_forced_ks(EX_DOWN) };
+
 		if (sm70__cuda_moe_nvfp4_passes(c, (const __half *)x, gate_up, down, route, n, k,
 						(__half *)mid, part, moe_want_reference(),
-						tune_variant, passes))
+						tune_variant, ks, passes))
 			return;
 	} else if (!moe_want_reference() && H % 8 == 0 && I % 8 == 0 && align % 16 == 0) {
 		struct ex_args a = { (const __half *)x, (const __half *)gate_up->data,
