@@ -24,7 +24,8 @@
  * not part of `all`). `moe-nvfp4` times the routed experts on NVFP4 stacks on the two
  * `moe` shapes at B1, B8 and B16 against the selected experts' NVFP4 bytes (codes, block
  * scales, row scales), beside the f16 stacks on the same routings in the same run (not
- * part of `all`).
+ * part of `all`). Both MoE sections end with each pass timed by warps a tile, forced 1-8
+ * (SM70_MOE_KS) and by the rule that picks it.
  *
  * Every row prints the median time of one op, the bytes it must read over that time, and
  * that as a fraction of the read bandwidth (a plain read kernel) and of the D2D copy
@@ -350,6 +351,28 @@ static int run_gdn(int iters, const struct ref_bw *bw)
 	return 0;
 }
 
+/* The split sweep of `moe` and `moe-nvfp4` (us_ks: [pass][0] the rule, [pass][ks] ks
+ * forced): the table's title (with note after it) and header, then a case's two rows. */
+static void ks_header(const char *what, const char *note)
+{
+	printf("\n== %s gate_up and down alone (graph, us) by warps a tile (SM70_MOE_KS=G,D), "
+	       "and with the fitting rule (SM70_MOE_KS=auto)%s\n", what, note);
+	printf("%-30s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "case", "rule", "ks 1", "ks 2",
+	       "ks 3", "ks 4", "ks 5", "ks 6", "ks 7", "ks 8");
+}
+
+static void ks_rows(const char *name, const double us[2][9])
+{
+	for (int p = 0; p < 2; p++) {
+		const double *t = us[p];
+		char pass[80];
+
+		snprintf(pass, sizeof(pass), "%s %s", name, p ? "down" : "gate_up");
+		printf("%-30s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", pass, t[0],
+		       t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]);
+	}
+}
+
 /*
  * One MoE layer's routed experts: hidden 2048 with 128 experts of 768, top-8 (Qwen3-30B-A3B)
  * and 512 experts of 512, top-10 (Qwen3-Next-80B-A3B, Qwen3.5-MoE). %read counts only the
@@ -414,20 +437,12 @@ static int run_moe(int iters, const struct ref_bw *bw)
 		printf("%-20s %9.2f %14s %14s %8.2f %8.2f %8.2f %8.2f %8.2f\n", name, q->us, gu, dn,
 		       q->us_pass[2], q->us_var[0], q->us_var[1], q->us_var[2], q->us_var[3]);
 	}
-	printf("\n== MoE gate_up and down alone (graph, us) by warps a tile (SM70_MOE_KS=G,D), "
-	       "and with the fitting rule (SM70_MOE_KS=auto)\n");
-	printf("%-24s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "case", "rule", "ks 1", "ks 2",
-	       "ks 3", "ks 4", "ks 5", "ks 6", "ks 7", "ks 8");
+	ks_header("MoE", "");
 	for (size_t i = 0; i < 2 * NB; i++) {
-		for (int p = 0; p < 2; p++) {
-			const double *t = r[i].us_ks[p];
-			char name[64];
+		char name[64];
 
-			snprintf(name, sizeof(name), "moe %s B%d %s", shapes[i / NB].name,
-				 batches[i % NB], p ? "down" : "gate_up");
-			printf("%-24s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", name,
-			       t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]);
-		}
+		snprintf(name, sizeof(name), "moe %s B%d", shapes[i / NB].name, batches[i % NB]);
+		ks_rows(name, r[i].us_ks);
 	}
 	return 0;
 }
@@ -436,7 +451,7 @@ static int run_moe(int iters, const struct ref_bw *bw)
  * The routed experts on NVFP4 stacks on the `moe` shapes (next first: E512 / k10), %read
  * over the selected experts' NVFP4 bytes, with the f16 stacks on the same routings beside
  * them and the speedup. A second table splits the NVFP4 path into its launches and times
- * its other tile variants.
+ * its other tile variants, a third each launch by warps a tile, as `moe` does.
  */
 static int run_moe_nvfp4(int iters, const struct ref_bw *bw)
 {
@@ -504,6 +519,17 @@ static int run_moe_nvfp4(int iters, const struct ref_bw *bw)
 					 bw->read);
 			printf("%-24s %9.2f %16s %16s %8.2f %8.2f\n", name, q->us, gu, dn,
 			       q->us_var[0], q->us_var[1]);
+		}
+	}
+	ks_header("MoE NVFP4", "; down takes at most 3 (four tiles a block), so its ks 4-8 "
+			       "repeat 3");
+	for (size_t s = 0; s < 2; s++) {
+		for (size_t bi = 0; bi < 3; bi++) {
+			char name[64];
+
+			snprintf(name, sizeof(name), "moe-nvfp4 %s B%d", shapes[s].name,
+				 batches[bi]);
+			ks_rows(name, r[s][bi].us_ks);
 		}
 	}
 	return 0;

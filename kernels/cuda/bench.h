@@ -146,6 +146,7 @@ struct sm70__bench_moe_nvfp4 {
 	double us_eager;   /* the same calls queued one by one */
 	double us_var[2];  /* the NVFP4 grouped path's tile variants 1 and 2 (graph) */
 	double us_pass[2]; /* its gate_up and down launches alone (graph) */
+	double us_ks[2][9]; /* those launches by warps a tile, as sm70__bench_moe's us_ks */
 	double us_ref;     /* the reference path (SM70_MOE=reference), graph */
 	double us_f16;     /* the f16 stacks' grouped path on the same routings, graph */
 	double experts;    /* distinct experts a call reads, the mean over the routings */

@@ -17,7 +17,8 @@
  * `sm70-bench moe-nvfp4` (sm70__bench_moe_nvfp4): the same calls on NVFP4 stacks made by
  * prepare_experts from random ModelOpt bytes (once a shape), their bytes the selected
  * experts' codes, block scales and row scales, beside the f16 stacks' grouped path on the
- * same routings in the same run.
+ * same routings in the same run. Both sweep each pass over forced splits of warps a tile
+ * (mb_ks_sweep), the data the splitting rules are fitted to.
  *
  * Non-goals: correctness beyond grouped vs reference on one routing
  * (tests/gpu/test_cuda_moe.c, test_cuda_moe_nvfp4.c); the router matmul and the shared
@@ -181,6 +182,24 @@ out:
 	return ret;
 }
 
+/* gate_up and down alone (variant 0, graph) by warps a tile: us[p][ks] with ks 1..8 forced
+ * (SM70_MOE_KS=G,D; a shape caps what its block cannot hold), us[p][0] with the fitting
+ * rule (SM70_MOE_KS=auto). Leaves the split to SM70_MOE_KS again, for the next batch. */
+static int mb_ks_sweep(struct mb_ctx *m, mb_op op, int iters, double us[2][9])
+{
+	int ret = 0;
+
+	for (int p = 0; p < 2 && !ret; p++) {
+		sm70__cuda_moe_tune(0, 0, 1 << p);
+		for (int ks = 0; ks <= 8 && !ret; ks++) {
+			sm70__cuda_moe_tune_ks(ks ? ks : -1, ks ? ks : -1);
+			ret = mb_time(m, op, 1, iters, &us[p][ks]);
+		}
+	}
+	sm70__cuda_moe_tune_ks(-2, -2);
+	return ret;
+}
+
 /* max |a - b| / max |b| over n values; a NaN anywhere sticks. */
 static double mb_max_rel(const float *a, const float *b, size_t n)
 {
@@ -319,22 +338,15 @@ extern "C" int sm70__bench_moe(int hidden, int inter, int n_experts, int top_k, 
 		if ((ret = mb_time(&m, mb_experts, 1, iters, &out->us_var[v - 1])))
 			goto out;
 	}
-	for (int p = 0; p < 2; p++) {
-		sm70__cuda_moe_tune(0, 0, 1 << p);
-		for (int ks = 0; ks <= 8; ks++) {
-			sm70__cuda_moe_tune_ks(ks ? ks : -1, ks ? ks : -1);
-			if ((ret = mb_time(&m, mb_experts, 1, iters, &out->us_ks[p][ks])))
-				goto out;
-		}
-	}
-	sm70__cuda_moe_tune_ks(0, 0);
+	if ((ret = mb_ks_sweep(&m, mb_experts, iters, out->us_ks)))
+		goto out;
 	sm70__cuda_moe_tune(1, 0, 0);
 	if ((ret = mb_time(&m, mb_experts, 1, iters, &out->us_ref)))
 		goto out;
 	ret = mb_time(&m, mb_route, 1, iters, &out->us_route);
 out:
 	sm70__cuda_moe_tune(-1, 0, 0);
-	sm70__cuda_moe_tune_ks(0, 0);
+	sm70__cuda_moe_tune_ks(-2, -2);
 	if (c)
 		cudaStreamSynchronize(c->stream);
 	free(oa);
@@ -460,6 +472,8 @@ extern "C" int sm70__bench_moe_nvfp4(int hidden, int inter, int n_experts, int t
 			if ((ret = mb_time(&m, mb_experts_fp4, 1, iters, &q->us_var[v - 1])))
 				goto out;
 		}
+		if ((ret = mb_ks_sweep(&m, mb_experts_fp4, iters, q->us_ks)))
+			goto out;
 		sm70__cuda_moe_tune(1, 0, 0);
 		if ((ret = mb_time(&m, mb_experts_fp4, 1, iters, &q->us_ref)))
 			goto out;
@@ -468,6 +482,7 @@ extern "C" int sm70__bench_moe_nvfp4(int hidden, int inter, int n_experts, int t
 	}
 out:
 	sm70__cuda_moe_tune(-1, 0, 0);
+	sm70__cuda_moe_tune_ks(-2, -2);
 	if (c)
 		cudaStreamSynchronize(c->stream);
 	free(oa);

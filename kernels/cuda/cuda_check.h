@@ -183,12 +183,13 @@ void sm70__cuda_gemv_tc_silu(struct sm70__cuda *c, __half *y, const __half *gate
 /* Defined in moe_experts_nvfp4.cu, called by moe_experts.cu's launcher for NVFP4 stacks
  * (gu and dn both from prepare_experts, hidden and inter multiples of 16): queues the
  * gate_up (passes & 1: mid) and down (passes & 2: part) passes on c's stream, the grouped
- * kernels in tile variant `variant` (out of range: 0) or, with ref set, the reference
- * ones; the caller queues the combine. Returns 0 or -EIO (reported, sticky). */
+ * kernels in tile variant `variant` (out of range: 0) with ks[0] and ks[1] warps a tile
+ * (SM70_MOE_KS's values: 0 the shape's or the rule's, -1 the rule's) or, with ref set, the
+ * reference ones; the caller queues the combine. Returns 0 or -EIO (reported, sticky). */
 int sm70__cuda_moe_nvfp4_passes(struct sm70__cuda *c, const __half *x,
 				const struct sm70_experts *gu, const struct sm70_experts *dn,
 				const struct sm70_moe_route *route, int n, int k, __half *mid,
-				float *part, int ref, int variant, int passes);
+				float *part, int ref, int variant, const int ks[2], int passes);
 
 /*
  * Split-KV attention partials (attention.cu writes them, and sparse_attention.cu): per

@@ -94,8 +94,9 @@ int sm70__cuda_prepare_experts(struct sm70_backend *be, struct sm70_experts *out
  * apart. Process-wide, read when an op is queued (a captured graph keeps what it was
  * captured with); not thread-safe; the engine never calls it. */
 void sm70__cuda_moe_tune(int path, int variant, int passes);
-/* Warps a tile of the f16 grouped gate_up and down passes (0: each shape's; -1: the
- * fitting rule), as SM70_MOE_KS; moe_experts.cu. */
+/* Warps a tile of the grouped gate_up and down passes, f16 and NVFP4 (0: each shape's;
+ * -1: the fitting rule; a value above what a shape's block can hold is capped there), as
+ * SM70_MOE_KS; both -2: SM70_MOE_KS's again (the default). moe_experts.cu. */
 void sm70__cuda_moe_tune_ks(int gate_up_ks, int down_ks);
 void sm70__cuda_sigmoid_scale_add(struct sm70_backend *be, void *out, const void *x,
 				  const float *gate, int ld, int n, int dim);

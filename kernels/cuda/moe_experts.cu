@@ -40,8 +40,8 @@
  * dots, and mid rounded to f16 (the act dtype) between the passes.
  *
  * NVFP4 stacks (both, from prepare_experts): moe_experts_nvfp4.cu queues their gate_up and
- * down passes (grouped or reference, by the same switch and tune hook), then the combine
- * here.
+ * down passes (grouped or reference, by the same switch and tune hooks; its split of warps
+ * a tile by the same rule and SM70_MOE_KS), then the combine here.
  *
  * Non-goals: other quantised experts, expert parallelism, a tuned prefill (n > 16) path.
  */
@@ -53,6 +53,7 @@
 #include <stdio.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/moe_ks.h"
 #include "kernels/cuda/pdl.h"
 
 #define EX_KS 64           /* columns a step: 128 bytes of each weight row */
@@ -82,7 +83,7 @@ struct ex_args {
  * those spill). A block has RT * ks warps, ks chosen at launch (ex_pick_ks), so the bound
  * is on the threads an SM holds: one block of all of them gives the same register cap. */
 #define EX_WARPS_SM(NI, PF) ((PF) * (4 + (NI)) > 12 ? 8 : 16)
-#define EX_MAX_KS 8
+#define EX_MAX_KS SM70__MOE_MAX_KS
 
 /*
  * One pass of the grouped experts (MODE), NI x row groups of 4 loaded (tokens a pass
@@ -303,12 +304,16 @@ static const struct ex_shape ex_variants[EX_VARIANTS][2] = {
 	{ { 1, 8, 2, 4 }, { 2, 4, 2, 4 } },
 };
 
-/* Set by sm70__cuda_moe_tune_ks or SM70_MOE_KS=G,D (read once): each pass's warps a tile
- * instead of its shape's (0: the shape's; -1: the fitting rule of ex_pick_ks). */
+/* Set by sm70__cuda_moe_tune_ks or SM70_MOE_KS=G,D (read at the first launch, and again
+ * after sm70__cuda_moe_tune_ks(-2, -2); told once): each pass's warps a tile instead of its
+ * shape's (0: the shape's; -1: the fitting rule of ex_pick_ks), on f16 and NVFP4 stacks
+ * alike. */
 static int tune_ks[2] = { -2, -2 };
 
 static int ex_forced_ks(int mode)
 {
+	static int told;
+
 	if (tune_ks[0] == -2) {
 		const char *v = getenv("SM70_MOE_KS");
 		int g = 0, d = 0;
@@ -320,58 +325,48 @@ static int ex_forced_ks(int mode)
 			   d >= 1 && d <= EX_MAX_KS) {
 			tune_ks[0] = g;
 			tune_ks[1] = d;
-		} else if (v) {
+		} else if (v && !told) {
 			fprintf(stderr, "sm70 cuda: SM70_MOE_KS=%s: not auto or G,D (1..%d), "
 					"ignored\n", v, EX_MAX_KS);
 		}
-		if (tune_ks[0])
+		if (tune_ks[0] && !told)
 			fprintf(stderr, "sm70 cuda: SM70_MOE_KS=%s\n", v);
+		told = 1;
 	}
 	return tune_ks[mode];
 }
 
 extern "C" void sm70__cuda_moe_tune_ks(int gate_up_ks, int down_ks)
 {
+	if (gate_up_ks == -2 && down_ks == -2) {
+		tune_ks[0] = tune_ks[1] = -2; /* SM70_MOE_KS again */
+		return;
+	}
 	tune_ks[0] = gate_up_ks >= -1 && gate_up_ks <= EX_MAX_KS ? gate_up_ks : 0;
 	tune_ks[1] = down_ks >= -1 && down_ks <= EX_MAX_KS ? down_ks : 0;
 }
 
 /*
- * The fitting rule: the warps a tile (1 .. 8) that make the pass shortest when each of
- * the units (tile groups x expert slots) takes ceil(steps / ks) + EX_UNIT_COST steps of
- * its warps and the SMs hold floor(warps / (RT ks)) blocks each: rounds x unit time. At
- * B1 a pass has few units (Qwen3-Next's gate_up 640 for 528 4-warp places: two rounds,
- * the second a fifth full), so the split that fills the places matters more than the
- * steps a warp keeps; with many units, whole rows a warp (ks 1) cost least. The unit
- * cost was fitted to the sweep in docs/PERFORMANCE.md ("MoE: warps a tile"). The model
- * fails for gate_up at 9-16 tokens (8 warps an SM: it picks 1, which measured 15-17%
- * slower than 2 or 3), so that case takes 2. With it the choice was the fastest or within
- * 2.3% of it in 14 of the 16 cases of the sweep, 4.4 and 6.3% in the other two
- * (Qwen3-Next's down pass at B8 and B1).
+ * The fitting rule (moe_ks.h): the warps a tile (1 .. 8) that make the pass shortest when
+ * each of the units (tile groups x expert slots) takes ceil(steps / ks) + EX_UNIT_COST
+ * steps of its warps and the SMs hold floor(warps / (RT ks)) blocks each. At B1 a pass has
+ * few units (Qwen3-Next's gate_up 640 for 528 4-warp places: two rounds, the second a fifth
+ * full), so the split that fills the places matters more than the steps a warp keeps. The
+ * unit cost was fitted to the sweep in docs/PERFORMANCE.md ("MoE: warps a tile"). The model
+ * fails for gate_up at 9-16 tokens (8 warps an SM: it picks 1, which measured 15-17% slower
+ * than 2 or 3), so that case takes 2. With it the choice was the fastest or within 2.3% of
+ * it in 14 of the 16 cases of the sweep, 4.4 and 6.3% in the other two (Qwen3-Next's down
+ * pass at B8 and B1).
  */
 #define EX_UNIT_COST 8 /* steps' worth of lookups, staging and the sum a unit costs */
 
 static int ex_pick_ks(const struct sm70__cuda *c, int mode, int rt, int warps_sm, int groups,
 		      int slots, int nsteps)
 {
-	long best = -1;
-	int pick = 1;
-
 	if (mode == EX_GATE_UP && warps_sm < 16)
 		return 2;
-	for (int ks = 1; ks <= EX_MAX_KS; ks++) {
-		const long res = (long)c->n_sm * (warps_sm / (rt * ks));
-		long units = (long)groups * slots, cost;
-
-		if (res == 0)
-			break;
-		cost = (units + res - 1) / res * ((nsteps + ks - 1) / ks + EX_UNIT_COST);
-		if (best < 0 || cost < best) {
-			best = cost;
-			pick = ks;
-		}
-	}
-	return pick;
+	return sm70__moe_pick_ks(c->n_sm, rt, warps_sm, (long)groups * slots, nsteps,
+				 EX_UNIT_COST);
 }
 
 template <int MODE, int NI, int RT, int PF>
@@ -581,9 +576,11 @@ extern "C" void sm70__cuda_moe_experts(struct sm70_backend *be, void *out, const
 	nk = (int)nk64;
 	slots = nk < E ? nk : E; /* the most distinct experts a step can read */
 	if (fp4) {
+		const int ks[2] = { ex_forced_ks(EX_GATE_UP), ex_forced_ks(EX_DOWN) };
+
 		if (sm70__cuda_moe_nvfp4_passes(c, (const __half *)x, gate_up, down, route, n, k,
 						(__half *)mid, part, moe_want_reference(),
-						tune_variant, passes))
+						tune_variant, ks, passes))
 			return;
 	} else if (!moe_want_reference() && H % 8 == 0 && I % 8 == 0 && align % 16 == 0) {
 		struct ex_args a = { (const __half *)x, (const __half *)gate_up->data,

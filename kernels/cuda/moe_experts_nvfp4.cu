@@ -28,7 +28,9 @@
  * fixed by n, k and E, so a captured graph serves any routing): block slot u = blockIdx.y
  * reads n_used, used[u] and used_first[u] from device memory (u >= n_used: the block exits)
  * and walks tile groups blockIdx.x, + gridDim.x, ...; a group is RT output tiles, each
- * split over KS warps by steps. A gate_up tile is 8 intermediate indices: its lanes 0-15
+ * split over ks warps by steps, ks chosen at launch (1-8: a block is RT ks warps) by the
+ * f16 kernel's rule (moe_ks.h) with this kernel's occupancy, or fixed (SM70_MOE_KS, batch
+ * invariance; see fx_launch). A gate_up tile is 8 intermediate indices: its lanes 0-15
  * load the gate rows i..i+7 (half of an arranged tile) and lanes 16-31 the up rows
  * inter+i..+7, so the gate and up sums of an index meet in one accumulator tile and the
  * block writes mid[a][i] = f16(silu(g) * u); a down tile is 16 hidden rows, written as
@@ -36,19 +38,20 @@
  * shared stage (16 x 64 f16), stages the 64 columns of the expert's tokens' x rows (up to
  * 16; rows past the count zero) and runs four MMAs: each weight byte is read once per
  * launch for every token that chose its expert (experts chosen by more than 16 tokens:
- * passes of 16, re-reading from L2). The warps' partial tiles are added in a fixed order.
+ * passes of 16, re-reading from L2). The ks warps' partial tiles are added in warp order,
+ * so a split changes the sum's order, never its terms.
  *
  * Loads and bytes in flight: a warp's weight load of a step is one 16-byte load a lane
  * (512 contiguous bytes; gate_up: two runs of 256) and one 2-byte load (64 contiguous
  * bytes), both fully used sectors; it keeps PF steps of them in flight, PF * 576 bytes, in
- * 5 PF registers a lane. PF 8 (the default): 4.6 KB a warp; 3 blocks of 4 warps an SM
- * (the launch bounds: up to 168 registers, no spills) keep 55 KB an SM in flight, 7.3 MB
- * over an H200's 132 SMs, 1.5 times what ~4.8 TB/s for ~1 us of latency needs (a V100's
- * 80 SMs: 4.4 MB for 0.9 TB/s). The weight loads need only the expert, so the first PF
- * steps go out before the tokens are looked up, and the next tile group's first steps
- * before the current group's sums are added. x (f16, L1/L2-resident: n x hidden) is
- * loaded a step at a time, 16 bytes a lane for each 4 token rows, issued before the step's
- * decode so the decode hides its latency.
+ * 5 PF registers a lane. PF 8 (the default): 4.6 KB a warp; 12 warps an SM (the launch
+ * bounds: up to 168 registers, no spills; fewer where a block's warps do not divide 12)
+ * keep 55 KB an SM in flight, 7.3 MB over an H200's 132 SMs, 1.5 times what ~4.8 TB/s for
+ * ~1 us of latency needs (a V100's 80 SMs: 4.4 MB for 0.9 TB/s). The weight loads need
+ * only the expert, so the first PF steps go out before the tokens are looked up, and the
+ * next tile group's first steps before the current group's sums are added. x (f16,
+ * L1/L2-resident: n x hidden) is loaded a step at a time, 16 bytes a lane for each 4 token
+ * rows, issued before the step's decode so the decode hides its latency.
  *
  * Cost model: a warp step (1024 weights, 576 bytes) is ~150 warp instructions (decode
  * ~90, x staging, four MMAs and their fragment loads), so an H200 SM (4 issues a clock at
@@ -68,16 +71,19 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/moe_ks.h"
 #include "kernels/cuda/pdl.h"
 
 #define FX_KS 64            /* columns a step */
 #define FX_LD (FX_KS + 8)   /* staged row stride in halves: rows 16 bytes apart in banks */
 #define FX_TOK 16           /* tokens a pass: the MMA's N */
 #define FX_WARP_BYTES ((size_t)2 * 16 * FX_LD * sizeof(__half)) /* W stage + x stage */
-#define FX_WARPS 4          /* warps a block (RT * KS) */
-/* Blocks an SM the launch bounds ask for: 4 (128 registers a thread) with 4 steps in
- * flight, 3 (168) with 8, where 128 spill. */
-#define FX_BLOCKS_SM(PF) ((PF) > 4 ? 3 : 4)
+/* Warps an SM the launch bounds ask for: 16 (128 registers a thread) with 4 steps in
+ * flight, 12 (168) with 8, where 128 spill. A block has RT * ks warps, ks chosen at launch,
+ * so the bound is on the threads an SM holds: one block of all of them gives the register
+ * cap that 4 or 3 blocks of 4 warps had. */
+#define FX_WARPS_SM(PF) ((PF) > 4 ? 12 : 16)
+#define FX_MAX_KS SM70__MOE_MAX_KS
 #define FX_VARIANTS 3       /* tile shapes (sm70__cuda_moe_tune's variant) */
 #define FX_REF_WARPS 8
 
@@ -97,6 +103,7 @@ struct fx_args {
 	int rows;               /* outputs: gate_up inter (the stack has 2 inter rows); down hidden */
 	int cols;               /* the dot length: hidden or inter */
 	int tiles, steps;       /* one expert's arranged tiles and steps */
+	int ks;                 /* warps a tile, splitting its steps (1 .. FX_MAX_KS) */
 };
 
 static __host__ __device__ __forceinline__ int fx_tiles(int rows)
@@ -186,11 +193,11 @@ static __device__ __forceinline__ size_t fx_first_unit(const struct fx_args &a, 
 
 /*
  * One pass (MODE) of the grouped experts: NI groups of 4 token rows staged (tokens a pass
- * <= 4 NI), RT output tiles a block, KS warps a tile splitting its steps, PF steps of
+ * <= 4 NI), RT output tiles a block, a.ks warps a tile splitting its steps, PF steps of
  * weights in flight. See the file comment.
  */
-template <int MODE, int NI, int RT, int KS, int PF>
-static __global__ void __launch_bounds__(FX_WARPS * 32, FX_BLOCKS_SM(PF))
+template <int MODE, int NI, int RT, int PF>
+static __global__ void __launch_bounds__(FX_WARPS_SM(PF) * 32, 1)
 	fx_grouped_kernel(const struct fx_args a)
 {
 	/* as in moe_experts.cu: gate_up waits for the route before it reads anything; the
@@ -202,7 +209,7 @@ static __global__ void __launch_bounds__(FX_WARPS * 32, FX_BLOCKS_SM(PF))
 	extern __shared__ __align__(128) unsigned char fx_smem[];
 	__shared__ int tok[FX_TOK];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const int sub = lane >> 3, chunk = lane & 7, ks = warp % KS, rt_w = warp / KS;
+	const int KS = a.ks, sub = lane >> 3, chunk = lane & 7, ks = warp % KS, rt_w = warp / KS;
 	const int per_tile = MODE == FX_GATE_UP ? 8 : 16;
 	const int groups = ((a.rows + per_tile - 1) / per_tile + RT - 1) / RT;
 	const int s0 = ks * a.steps / KS, s1 = (ks + 1) * a.steps / KS;
@@ -314,7 +321,7 @@ static __global__ void __launch_bounds__(FX_WARPS * 32, FX_BLOCKS_SM(PF))
 						FX_ISSUE_W(d, s0 + d);
 			}
 			__syncthreads();
-			for (int idx = threadIdx.x; idx < RT * per_tile * cn; idx += FX_WARPS * 32) {
+			for (int idx = threadIdx.x; idx < RT * per_tile * cn; idx += RT * KS * 32) {
 				const int rt = idx / (per_tile * cn), rem = idx - rt * per_tile * cn;
 				const int j = rem / per_tile, r = rem - j * per_tile;
 				const int out = (g * RT + rt) * per_tile + r;
@@ -325,8 +332,11 @@ static __global__ void __launch_bounds__(FX_WARPS * 32, FX_BLOCKS_SM(PF))
 
 				if (out >= a.rows)
 					continue;
+				/* the warps' partial tiles in warp order, whatever the split */
 #pragma unroll
-				for (int v = 0; v < KS; v++) {
+				for (int v = 0; v < FX_MAX_KS; v++) {
+					if (v == KS)
+						break;
 					sa += red[v * stride + r * 16 + j];
 					if (MODE == FX_GATE_UP)
 						sb += red[v * stride + (r + 8) * 16 + j];
@@ -346,59 +356,98 @@ static __global__ void __launch_bounds__(FX_WARPS * 32, FX_BLOCKS_SM(PF))
 #undef FX_ISSUE_W
 }
 
-/* RT tiles a block, KS warps a tile (RT * KS = FX_WARPS), PF steps in flight, at most `most`
- * tile groups a block: the grid's x covers the groups in that many rounds or fewer, with
- * never fewer blocks than the SMs hold at once over the slots. */
-template <int MODE, int NI, int RT, int KS, int PF>
-static void fx_launch(struct sm70__cuda *c, const struct fx_args &a, int slots, int most)
-{
-	const int per_tile = MODE == FX_GATE_UP ? 8 : 16;
-	const int groups = ((a.rows + per_tile - 1) / per_tile + RT - 1) / RT;
-	const int resident = FX_BLOCKS_SM(PF) * c->n_sm;
-	int gx = (groups + most - 1) / most;
+/*
+ * The split: warps a tile by moe_ks.h's rule unless SM70_MOE_KS / sm70__cuda_moe_tune_ks
+ * forces it (forced > 0; -1: the rule) or the shape fixes it. The unit cost is this
+ * kernel's own: a step here is 576 bytes and ~150 instructions of decode where the f16
+ * kernel's is 2 KB, so its fixed work per unit is not the same number of steps. Not fitted
+ * yet: 8 as on f16 stacks; on the bench shapes (E512 / k10, E128 / k8, B1-B16, an H200's
+ * 132 SMs) any cost from 6 to 24 picks the same (gate_up 2 at B1, then 1; down 1), and
+ * `sm70-bench moe-nvfp4` times every split to fit it by. Under batch invariance the rule
+ * would follow the batch, so a shape without a split takes the one this kernel had fixed:
+ * 4 for gate_up, 1 for down.
+ */
+#define FX_UNIT_COST 8
 
-	static_assert(RT * KS == FX_WARPS, "a block is FX_WARPS warps");
+/* RT tiles a block, ks warps a tile (0: chosen here), PF steps in flight, at most `most` tile
+ * groups a block: the grid's x covers the groups in that many rounds or fewer, with never
+ * fewer blocks than the SMs hold at once over the slots. */
+template <int MODE, int NI, int RT, int PF>
+static void fx_launch(struct sm70__cuda *c, struct fx_args a, int slots, int ks, int most,
+		      int forced)
+{
+	const int per_tile = MODE == FX_GATE_UP ? 8 : 16, warps_sm = FX_WARPS_SM(PF);
+	const int groups = ((a.rows + per_tile - 1) / per_tile + RT - 1) / RT;
+	static uint64_t attr_set; /* a bit per device: the attribute is per device */
+	const uint64_t bit = 1ull << (c->device & 63);
+	int resident, gx;
+
+	if (forced)
+		ks = forced;
+	else if (ks <= 0 && c->be.batch_invariant)
+		ks = MODE == FX_GATE_UP ? 4 : 1;
+	if (ks <= 0)
+		ks = sm70__moe_pick_ks(c->n_sm, RT, warps_sm, (long)groups * slots, a.steps,
+				       FX_UNIT_COST);
+	if (RT * ks > warps_sm)
+		ks = warps_sm / RT;
+	a.ks = ks;
+	/* past 48 KB of stages a block must opt in: once, for the most any split of this
+	 * instance asks (12 or 16 warps' stages, 54 or 72 KB) */
+	if (RT * ks * FX_WARP_BYTES > 48 * 1024 && !(attr_set & bit)) {
+		if (SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
+						    fx_grouped_kernel<MODE, NI, RT, PF>,
+						    cudaFuncAttributeMaxDynamicSharedMemorySize,
+						    (int)(warps_sm * FX_WARP_BYTES))))
+			return;
+		attr_set |= bit;
+	}
+	resident = warps_sm / (RT * ks) * c->n_sm;
+	gx = (groups + most - 1) / most;
 	if (gx < (resident + slots - 1) / slots)
 		gx = (resident + slots - 1) / slots;
 	if (gx > groups)
 		gx = groups;
 	sm70__launch_pdl(c, MODE == FX_DOWN ? SM70__PDL_EXPERTS : SM70__PDL_MOE,
-			 fx_grouped_kernel<MODE, NI, RT, KS, PF>, dim3(gx, slots),
-			 dim3(FX_WARPS * 32), (size_t)(FX_WARPS * FX_WARP_BYTES), a);
+			 fx_grouped_kernel<MODE, NI, RT, PF>, dim3(gx, slots), dim3(RT * ks * 32),
+			 (size_t)(RT * ks * FX_WARP_BYTES), a);
 }
 
 /*
  * The tile shapes, variant 0 the default; the others are for sm70-bench moe-nvfp4 to time
  * and test_cuda_moe_nvfp4 to check. gate_up (32 steps at hidden 2048): one tile a block,
- * its steps split over 4 warps; down (8 or 12 steps at inter 512 / 768): a tile a warp.
- * 1: two tiles of two warps each for both; 2: variant 0 with 4 steps in flight.
+ * its steps split over the rule's warps; down (8 or 12 steps at inter 512 / 768): four
+ * tiles a block, the rule's warps each (at most 3: 12 warps an SM). 1: two tiles of two
+ * warps each for both; 2: variant 0 with 4 steps in flight (16 warps an SM).
  */
 template <int MODE, int NI>
-static void fx_pick(struct sm70__cuda *c, const struct fx_args &a, int slots, int v)
+static void fx_pick(struct sm70__cuda *c, const struct fx_args &a, int slots, int v,
+		    int forced)
 {
 	if constexpr (MODE == FX_GATE_UP) {
 		switch (v) {
-		case 1: fx_launch<MODE, NI, 2, 2, 8>(c, a, slots, 4); break;
-		case 2: fx_launch<MODE, NI, 1, 4, 4>(c, a, slots, 4); break;
-		default: fx_launch<MODE, NI, 1, 4, 8>(c, a, slots, 4); break;
+		case 1: fx_launch<MODE, NI, 2, 8>(c, a, slots, 2, 4, forced); break;
+		case 2: fx_launch<MODE, NI, 1, 4>(c, a, slots, 0, 4, forced); break;
+		default: fx_launch<MODE, NI, 1, 8>(c, a, slots, 0, 4, forced); break;
 		}
 	} else {
 		switch (v) {
-		case 1: fx_launch<MODE, NI, 2, 2, 8>(c, a, slots, 4); break;
-		case 2: fx_launch<MODE, NI, 4, 1, 4>(c, a, slots, 4); break;
-		default: fx_launch<MODE, NI, 4, 1, 8>(c, a, slots, 4); break;
+		case 1: fx_launch<MODE, NI, 2, 8>(c, a, slots, 2, 4, forced); break;
+		case 2: fx_launch<MODE, NI, 4, 4>(c, a, slots, 0, 4, forced); break;
+		default: fx_launch<MODE, NI, 4, 8>(c, a, slots, 0, 4, forced); break;
 		}
 	}
 }
 
 template <int MODE>
-static void fx_pass(struct sm70__cuda *c, const struct fx_args &a, int slots, int n, int v)
+static void fx_pass(struct sm70__cuda *c, const struct fx_args &a, int slots, int n, int v,
+		    int forced)
 {
 	switch (n <= 4 ? 1 : n <= 8 ? 2 : n <= 12 ? 3 : 4) {
-	case 1: fx_pick<MODE, 1>(c, a, slots, v); break;
-	case 2: fx_pick<MODE, 2>(c, a, slots, v); break;
-	case 3: fx_pick<MODE, 3>(c, a, slots, v); break;
-	default: fx_pick<MODE, 4>(c, a, slots, v); break;
+	case 1: fx_pick<MODE, 1>(c, a, slots, v, forced); break;
+	case 2: fx_pick<MODE, 2>(c, a, slots, v, forced); break;
+	case 3: fx_pick<MODE, 3>(c, a, slots, v, forced); break;
+	default: fx_pick<MODE, 4>(c, a, slots, v, forced); break;
 	}
 }
 
@@ -493,7 +542,7 @@ static __global__ void __launch_bounds__(FX_REF_WARPS * 32)
 int sm70__cuda_moe_nvfp4_passes(struct sm70__cuda *c, const __half *x,
 				const struct sm70_experts *gu, const struct sm70_experts *dn,
 				const struct sm70_moe_route *route, int n, int k, __half *mid,
-				float *part, int ref, int variant, int passes)
+				float *part, int ref, int variant, const int ks[2], int passes)
 {
 	struct sm70_backend *be = &c->be;
 	const int H = gu->cols, I = gu->rows / 2, E = gu->n_experts, nk = n * k;
@@ -513,10 +562,10 @@ int sm70__cuda_moe_nvfp4_passes(struct sm70__cuda *c, const __half *x,
 		struct fx_args a = { x, (const uint4 *)gu->data, (const uint16_t *)gu->scale,
 				     gu->row_scale2, mid, part, route->w, route->order,
 				     route->used, route->used_first, route->n_used, E, k, nk, I, H,
-				     fx_tiles(2 * I), fx_steps(H) };
+				     fx_tiles(2 * I), fx_steps(H), 0 };
 
 		if (passes & 1) {
-			fx_pass<FX_GATE_UP>(c, a, slots, n, v);
+			fx_pass<FX_GATE_UP>(c, a, slots, n, v, ks[0]);
 			if (SM70_CUDA_LAUNCHED(be, "fx_grouped_kernel gate_up"))
 				return -EIO;
 		}
@@ -529,7 +578,7 @@ int sm70__cuda_moe_nvfp4_passes(struct sm70__cuda *c, const __half *x,
 		a.tiles = fx_tiles(H);
 		a.steps = fx_steps(I);
 		if (passes & 2) {
-			fx_pass<FX_DOWN>(c, a, slots, n, v);
+			fx_pass<FX_DOWN>(c, a, slots, n, v, ks[1]);
 			if (SM70_CUDA_LAUNCHED(be, "fx_grouped_kernel down"))
 				return -EIO;
 		}

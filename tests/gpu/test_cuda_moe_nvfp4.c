@@ -2,9 +2,10 @@
  * (kernels/cuda/moe_experts_nvfp4.cu) against its CPU twin on the same ModelOpt bytes and
  * the same route: E 8/16/512, k 2/4/10, n 1/3/16, inter 48, hidden 80, Qwen-like dot
  * lengths, an expert of 40 tokens; row_scale2 varying per row and per expert, a zero-scale
- * expert; unused experts' row scales NaN; every tile variant and the reference path
- * (SM70_MOE=reference); a captured route + experts graph replayed over new routings equal
- * to eager runs bit for bit; prepare_experts' refusals. */
+ * expert; unused experts' row scales NaN; every tile variant, each with forced splits of
+ * 1-8 warps a tile (SM70_MOE_KS), and the reference path (SM70_MOE=reference); a captured
+ * route + experts graph replayed over new routings equal to eager runs bit for bit;
+ * prepare_experts' refusals. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -209,10 +210,20 @@ static const struct shape shapes[] = {
 };
 
 /*
+ * Warps a tile forced on each variant (sm70__cuda_moe_tune_ks: gate_up, down; -1 the rule):
+ * steps split evenly and not (32 over 3 or 5, 2 over 8: warps with none), the two passes
+ * apart. A split above what a variant's block holds is capped there (down on variant 0:
+ * 3), so some pairs run twice; every split takes the same kernel. Each split runs twice,
+ * bit for bit the same: its partial tiles are added in one order.
+ */
+static const int split_ks[][2] = { { -1, -1 }, { 1, 1 }, { 2, 2 }, { 3, 3 },
+				   { 5, 5 },   { 8, 8 }, { 8, 1 }, { 1, 5 } };
+
+/*
  * For each shape: ModelOpt stacks (expert ZERO_EXPERT's gate_up all zero scales, row 5
  * row_scale2 0), prepared on both backends; the CPU's route uploaded to the GPU; unused
- * experts' row scales NaN on the GPU; each grouped tile variant and the reference path
- * against the CPU.
+ * experts' row scales NaN on the GPU; each grouped tile variant, with its own split and
+ * with each of split_ks, and the reference path against the CPU.
  */
 static void test_moe_experts_nvfp4(void **state)
 {
@@ -222,7 +233,7 @@ static void test_moe_experts_nvfp4(void **state)
 		struct sm70_experts hgu = host_new(sh.E, 2 * sh.inter, sh.hidden);
 		struct sm70_experts hdn = host_new(sh.E, sh.hidden, sh.inter);
 		float *x = rvec16(count, 1.0f), *l = fvec((size_t)sh.n * sh.E);
-		float *oc = fvec(count), *og = fvec(count);
+		float *oc = fvec(count), *og = fvec(count), *o2 = fvec(count);
 		struct bufs bc, bg;
 		struct hroute h;
 		void *lc;
@@ -251,12 +262,27 @@ static void test_moe_experts_nvfp4(void **state)
 				 sh.hidden, sh.inter, sh.E, sh.k, sh.n, h.n_used[0],
 				 ref ? "reference" : "variant", ref ? 0 : v);
 			compare_values(what, og, oc, count, TOL_F16_OUT);
+			for (size_t ki = 0; !ref && ki < sizeof(split_ks) / sizeof(split_ks[0]);
+			     ki++) {
+				sm70__cuda_moe_tune(0, v, 0);
+				sm70__cuda_moe_tune_ks(split_ks[ki][0], split_ks[ki][1]);
+				run(gpu, &bg, &sh, og);
+				run(gpu, &bg, &sh, o2);
+				sm70__cuda_moe_tune_ks(-2, -2);
+				sm70__cuda_moe_tune(-1, 0, 0);
+				snprintf(what, sizeof(what),
+					 "nvfp4 H%d I%d E%d k%d n%d (%d used) variant %d ks %d,%d",
+					 sh.hidden, sh.inter, sh.E, sh.k, sh.n, h.n_used[0], v,
+					 split_ks[ki][0], split_ks[ki][1]);
+				compare_values(what, og, oc, count, TOL_F16_OUT);
+				assert_memory_equal(og, o2, sizeof(float) * count);
+			}
 		}
 		hroute_free(&h);
 		bfree(cpu, lc);
 		bufs_free(gpu, &bg), bufs_free(cpu, &bc);
 		host_free(&hdn), host_free(&hgu);
-		free(x), free(l), free(oc), free(og);
+		free(x), free(l), free(oc), free(og), free(o2);
 	}
 	assert_int_equal(gpu->ops->sync(gpu), 0);
 }
