@@ -56,9 +56,9 @@ for t in test_cuda_ops test_cuda_moe test_cuda_moe_nvfp4 test_graphs; do
 	run_one "$t-experiments" env SM70_PDL=all SM70_GEMV_WARPS=4 SM70_ATTN_FOLD=1 \
 		"$B/tests-gpu/$t"
 done
-# the NVFP4 dot kernel at warp counts its rule may not pick on the test's shapes, and at 8
-# (the path back)
-for w in 4 5 7 8; do
+# the NVFP4 dot kernel at other warp counts than its default 8, and by its wave-fitting
+# rule (SM70_NVFP4_WARPS=auto)
+for w in 4 5 7 auto; do
 	[ -x "$B/tests-gpu/test_cuda_nvfp4" ] || continue
 	run_one "test_cuda_nvfp4-warps$w" env SM70_NVFP4_WARPS=$w "$B/tests-gpu/test_cuda_nvfp4"
 done
@@ -79,7 +79,7 @@ if [ -x "$B/tests/test_fixtures" ]; then
 		"$B/tests/test_fixtures"
 	run_one fixtures-cuda-reference env SM70_BACKEND=cuda SM70_GRAPHS=0 SM70_MATMUL=reference \
 		SM70_ATTENTION=reference SM70_SAMPLER=reference SM70_FUSED=0 SM70_GDN=reference SM70_MOE=reference SM70_PDL=0 SM70_GEMV_SPLIT=0 \
-		SM70_GEMV_WARPS=8 SM70_NVFP4_WARPS=8 \
+		SM70_GEMV_WARPS=8 \
 		"$B/tests/test_fixtures"
 fi
 if [ -x "$B/tests/test_tp" ]; then

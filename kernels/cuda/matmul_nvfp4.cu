@@ -46,8 +46,8 @@
  *
  * Kernels, by batch size (SM70_NVFP4_VARIANT overrides the choice, see below):
  * - n <= 4: fp4_dot_kernel, no tensor cores. A block takes T row tiles (T = 2 on matrices
- *   tall enough to still give two blocks an SM, else 1) and its 4-8 warps (the count
- *   that fits the tiles in the fewest waves, fp4_dot_warps; SM70_NVFP4_WARPS fixes it)
+ *   tall enough to still give two blocks an SM, else 1) and its 8 warps (4-8 with
+ *   SM70_NVFP4_WARPS: a count, or auto for fp4_dot_warps's fit of the tiles to waves)
  *   split the column steps, as below; lane l multiplies its 32 columns of row l / 2 of
  *   each tile, T x PF lane units (T x PF x 528 bytes a warp, 4.2 KB at B1-B2) loaded
  *   ahead in registers. x goes to shared memory once a block in f32 (n x cols x 4.5
@@ -392,8 +392,8 @@ static size_t fp4_dot_smem(int n, int t, int cols)
 
 /*
  * NR rows of x, T row tiles a block, PF steps of W loaded ahead (T x PF lane units in
- * flight). The block's 4-8 warps (fp4_dot_warps) split the column steps as the WMMA
- * kernel's 8 do; lane l
+ * flight). The block's 8 warps (4-8: fp4_dot_warps) split the column steps as the WMMA
+ * kernel's do; lane l
  * multiplies its 32 columns of row l / 2 of each tile. Per 16-column block: each element
  * decoded to f32 (fp4_unpack, then two HADD2.F32 a pair), multiplied by x in f32 (an exact
  * product in the FFMA) and summed in f32, 8 columns a chain; the two chains' sum times the
@@ -681,8 +681,11 @@ static void fp4_wmma_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __
 	}
 }
 
-/* SM70_NVFP4_WARPS=4..8 fixes the dot kernel's warps a block (8: the path back to the one
- * count it had); unset or auto: fp4_dot_warps's rule. Read once. */
+/* SM70_NVFP4_WARPS=4..8 fixes the dot kernel's warps a block; auto: fp4_dot_warps's rule;
+ * unset: 8. The rule measured faster on the kernel alone at B1 (qkv 8.28 against 8.95 us,
+ * the bf16-sized lm_head 119 against 132) but not end to end: equal on the Qwen3-8B shape
+ * and 6% slower on Qwen3.5-27B's (docs/PERFORMANCE.md), so it stays behind the switch.
+ * Read once. */
 static int fp4_forced_warps(void)
 {
 	static int forced = -1;
@@ -691,8 +694,10 @@ static int fp4_forced_warps(void)
 		const char *v = getenv("SM70_NVFP4_WARPS");
 		const int n = v ? atoi(v) : 0;
 
-		forced = n >= 4 && n <= FP4_WARPS ? n : 0;
-		if (v && !forced && strcmp(v, "auto") != 0)
+		forced = n >= 4 && n <= FP4_WARPS ? n : FP4_WARPS;
+		if (v && strcmp(v, "auto") == 0)
+			forced = 0;
+		else if (v && !(n >= 4 && n <= FP4_WARPS))
 			fprintf(stderr, "sm70 cuda: SM70_NVFP4_WARPS=%s: not auto or 4..%d, "
 					"ignored\n", v, FP4_WARPS);
 	}
