@@ -105,8 +105,10 @@
  * Variants (SM70_NVFP4_VARIANT, read at backend creation, for timing the kernels against
  * each other; 0 when unset): 0 auto (the above, but the dot kernel at n = 1 only: on the
  * H200 WMMA matched or beat it from n = 2), 1 WMMA at every n, 2 the dot kernel with
- * T = 1 always, 3 the dot kernel with T = 2 always. 2 and 3 change only n <= 4 (and keep
- * the shared-memory fallback).
+ * T = 1 always, 3 the dot kernel with T = 2 always, 4 as 0 but with the n = 1 dot kernel
+ * held to 3 blocks an SM (launch bounds: at most 85 registers, half the steps ahead), which
+ * trades bytes in flight for warps against the issue-bound chain ncu showed. 2 and 3
+ * change only n <= 4 (and keep the shared-memory fallback).
  *
  * Other paths:
  * - n > 16: the kernels over x in slices of 16 rows (W read once a slice).
@@ -400,8 +402,8 @@ static size_t fp4_dot_smem(int n, int t, int cols)
  * block's scale (tab: e4m3 * 2^14, exact) enters the lane's f32 sum. Then the lane pair's
  * sums meet by a shuffle and the warps' in shared memory, in a fixed order.
  */
-template <int NR, int T, int PF>
-static __global__ void __launch_bounds__(FP4_WARPS * 32, 2)
+template <int NR, int T, int PF, int MINB>
+static __global__ void __launch_bounds__(FP4_WARPS * 32, MINB)
 	fp4_dot_kernel(void *__restrict__ y, int y_f32, const __half *__restrict__ x,
 		       const uint4 *__restrict__ codes, const uint16_t *__restrict__ scales,
 		       int rows, int cols, float scale2, const float *__restrict__ row_scale2)
@@ -714,7 +716,7 @@ static int fp4_forced_warps(void)
  */
 #define FP4_DOT_UNIT 4
 
-template <int NR, int T, int PF>
+template <int NR, int T, int PF, int MINB>
 static int fp4_dot_warps(struct sm70__cuda *c, size_t smem, int blocks, int nsteps)
 {
 	static signed char resident[64][FP4_WARPS + 1]; /* per device; 0: not yet asked */
@@ -732,7 +734,7 @@ static int fp4_dot_warps(struct sm70__cuda *c, size_t smem, int blocks, int nste
 			int r = 0;
 
 			if (SM70_CUDA_CHECK(&c->be, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-							    &r, fp4_dot_kernel<NR, T, PF>, nw * 32,
+							    &r, fp4_dot_kernel<NR, T, PF, MINB>, nw * 32,
 							    smem)))
 				return FP4_WARPS;
 			res[nw] = (signed char)(r > 0 ? (r < 64 ? r : 64) : -1);
@@ -751,7 +753,7 @@ static int fp4_dot_warps(struct sm70__cuda *c, size_t smem, int blocks, int nste
 
 /* The dot kernel on n rows of x, T tiles a block. Its shared memory grows with cols: past
  * 48 KB its limit goes, once per device, to the most a block may have. */
-template <int NR, int T, int PF>
+template <int NR, int T, int PF, int MINB = 2>
 static void fp4_dot_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
 			   const struct sm70_weight *w)
 {
@@ -763,14 +765,14 @@ static void fp4_dot_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 
 	if (smem > 48 * 1024 && !(attr_set & bit)) {
 		if (SM70_CUDA_CHECK(&c->be,
-				    cudaFuncSetAttribute(fp4_dot_kernel<NR, T, PF>,
+				    cudaFuncSetAttribute(fp4_dot_kernel<NR, T, PF, MINB>,
 							 cudaFuncAttributeMaxDynamicSharedMemorySize,
 							 (int)c->smem_optin)))
 			return;
 		attr_set |= bit;
 	}
-	nw = fp4_dot_warps<NR, T, PF>(c, smem, blocks, (w->cols + FP4_KS - 1) / FP4_KS);
-	sm70__launch_pdl(c, SM70__PDL_PREFETCH, fp4_dot_kernel<NR, T, PF>, dim3(blocks),
+	nw = fp4_dot_warps<NR, T, PF, MINB>(c, smem, blocks, (w->cols + FP4_KS - 1) / FP4_KS);
+	sm70__launch_pdl(c, SM70__PDL_PREFETCH, fp4_dot_kernel<NR, T, PF, MINB>, dim3(blocks),
 			 dim3(nw * 32), smem, y, y_f32, x, (const uint4 *)w->data,
 			 (const uint16_t *)w->scale, w->rows, w->cols, w->scale2, w->row_scale2);
 }
@@ -802,9 +804,16 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 	/* auto: the dot kernel at n = 1 only; from n = 2 WMMA measured as fast or faster
 	 * (docs/PERFORMANCE.md, "NVFP4 GEMV"). Batch invariance: WMMA at every n (its
 	 * output column depends on its x row alone; the dot kernel sums in another order) */
-	if (c->be.batch_invariant || n > FP4_DOT_ROWS_MAX || v == 1 || (v == 0 && n > 1) ||
-	    fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {
+	if (c->be.batch_invariant || n > FP4_DOT_ROWS_MAX || v == 1 ||
+	    ((v == 0 || v == 4) && n > 1) || fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {
 		fp4_wmma_dispatch(c, y, y_f32, x, w, n);
+		return;
+	}
+	if (v == 4) { /* n = 1, three blocks an SM */
+		if (t2)
+			fp4_dot_launch<1, 2, 2, 3>(c, y, y_f32, x, w);
+		else
+			fp4_dot_launch<1, 1, 4, 3>(c, y, y_f32, x, w);
 		return;
 	}
 	if (t2)
