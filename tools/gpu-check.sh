@@ -62,6 +62,9 @@ for w in 4 5 7 auto; do
 	[ -x "$B/tests-gpu/test_cuda_nvfp4" ] || continue
 	run_one "test_cuda_nvfp4-warps$w" env SM70_NVFP4_WARPS=$w "$B/tests-gpu/test_cuda_nvfp4"
 done
+# the B1 dot kernel at three blocks an SM on every shape (variant 5 takes it by shape)
+[ -x "$B/tests-gpu/test_cuda_nvfp4" ] &&
+	run_one test_cuda_nvfp4-variant4 env SM70_NVFP4_VARIANT=4 "$B/tests-gpu/test_cuda_nvfp4"
 if [ -x "$B/tests/test_fixtures" ]; then
 	run_one fixtures-cuda env SM70_BACKEND=cuda "$B/tests/test_fixtures"
 	run_one fixtures-cuda-eager env SM70_BACKEND=cuda SM70_GRAPHS=0 "$B/tests/test_fixtures"

@@ -107,8 +107,10 @@
  * H200 WMMA matched or beat it from n = 2), 1 WMMA at every n, 2 the dot kernel with
  * T = 1 always, 3 the dot kernel with T = 2 always, 4 as 0 but with the n = 1 dot kernel
  * held to 3 blocks an SM (launch bounds: at most 85 registers, half the steps ahead), which
- * trades bytes in flight for warps against the issue-bound chain ncu showed. 2 and 3
- * change only n <= 4 (and keep the shared-memory fallback).
+ * trades bytes in flight for warps against the issue-bound chain ncu showed; 5 as 4 but
+ * only where that measured faster (fp4_dot3_pays: more blocks than two an SM hold, and
+ * three fit in shared memory). 2 and 3 change only n <= 4 (and keep the shared-memory
+ * fallback).
  *
  * Other paths:
  * - n > 16: the kernels over x in slices of 16 rows (W read once a slice).
@@ -791,6 +793,25 @@ static void fp4_dot_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __h
 	}
 }
 
+/* Whether the n = 1 dot kernel at three blocks an SM (variant 4) pays on w: measured on an
+ * H200 it was 7-18% faster where more blocks queue than two an SM hold (the 6144-row qkv
+ * shape's 384, the two-tile blocks of gate_up and lm_head), 14-24% slower where two an SM
+ * already hold them all (it only halves the prefetch there). Three must fit the SM's
+ * shared memory (x in f32 grows with cols). */
+static int fp4_dot3_pays(struct sm70__cuda *c, const struct sm70_weight *w, int t)
+{
+	static int smem_sm[64]; /* per device, bytes; 0: not asked yet */
+	int &sm = smem_sm[c->device & 63];
+	const long blocks = ((w->rows + 15) / 16 + t - 1) / t;
+
+	if (sm == 0 && SM70_CUDA_CHECK(&c->be, cudaDeviceGetAttribute(
+						       &sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+						       c->device)))
+		return 0;
+	/* 1 KB a block is the driver's own (ncu: "Driver Shared Memory Per Block") */
+	return blocks > 2L * c->n_sm && 3 * (fp4_dot_smem(1, t, w->cols) + 1024) <= (size_t)sm;
+}
+
 /* One launch for n <= FP4_ROWS_MAX rows of x, by SM70_NVFP4_VARIANT (the file comment):
  * the dot kernel where the variant asks for it and its x fits its shared memory, else
  * WMMA. */
@@ -805,11 +826,11 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 	 * (docs/PERFORMANCE.md, "NVFP4 GEMV"). Batch invariance: WMMA at every n (its
 	 * output column depends on its x row alone; the dot kernel sums in another order) */
 	if (c->be.batch_invariant || n > FP4_DOT_ROWS_MAX || v == 1 ||
-	    ((v == 0 || v == 4) && n > 1) || fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {
+	    ((v == 0 || v >= 4) && n > 1) || fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {
 		fp4_wmma_dispatch(c, y, y_f32, x, w, n);
 		return;
 	}
-	if (v == 4) { /* n = 1, three blocks an SM */
+	if (v == 4 || (v == 5 && fp4_dot3_pays(c, w, t2 ? 2 : 1))) { /* n = 1, 3 blocks an SM */
 		if (t2)
 			fp4_dot_launch<1, 2, 2, 3>(c, y, y_f32, x, w);
 		else
