@@ -6,26 +6,25 @@
  *   sm70-bench decode -m MODEL_DIR ...      end-to-end decode (tools/bench/decode.c)
  *   sm70-bench ipc ...                      the transport alone (tools/bench/ipc.c)
  *
- * The first form: decode-path micro-benchmarks of the CUDA backend: read and copy
- * bandwidth, the matmul op on Qwen3-8B GEMV shapes (with cuBLAS as the baseline in the same
- * run), and the attention op on GQA-6 head_dim-256 shapes at 1K and 16K context, f16 and
- * FP8 KV; `prefill` times the attention op on one prompt chunk (512 or 2048 tokens at
- * contexts up to 8K) on the prefill path and, in the same run, on the decode kernels
- * alone, in FLOP/s (prefill is compute-bound) and time per token. `gdn` times the Gated
- * DeltaNet recurrence (the gdn op) on Qwen3.5-27B's layer shape: the decode update at B1,
- * B8 and B16 against the bandwidth of its state traffic, and one 8K-token prompt in the
- * chunked form against the recurrence and against 8K one-token decode calls (not part of
- * `all`). `moe` times an MoE layer's routed experts (the moe_experts op) at B1, B4, B8 and B16
- * on a Qwen3-30B-A3B-like and a Qwen3-Next / Qwen3.5-MoE-like shape, counting the bytes
- * of the experts the batch chose, on the grouped path beside the reference path (not
- * part of `all`). `nvfp4` times the matmul op on NVFP4 weights on the GEMV shapes at B1,
- * B8 and B16 against the bytes of the packed codes and scales, beside the f16 matmul op on
- * the same shape in the same run, one row per kernel variant (--variant N: that one only;
- * not part of `all`). `moe-nvfp4` times the routed experts on NVFP4 stacks on the two
- * `moe` shapes at B1, B8 and B16 against the selected experts' NVFP4 bytes (codes, block
- * scales, row scales), beside the f16 stacks on the same routings in the same run (not
- * part of `all`). Both MoE sections end with each pass timed by warps a tile, forced 1-8
- * (SM70_MOE_KS) and by the rule that picks it.
+ * The first form: decode-path micro-benchmarks of the CUDA backend: read and copy bandwidth, the
+ * matmul op on Qwen3-8B GEMV shapes (with cuBLAS as the baseline in the same run), and the
+ * attention op on GQA-6 head_dim-256 and Qwen3-8B's GQA-4 head_dim-128 shapes at 1K and 16K
+ * context, f16 and FP8 KV; `prefill` times the attention op on one prompt chunk (512 or 2048 tokens
+ * at contexts up to 8K) on the prefill path and, in the same run, on the decode kernels alone, in
+ * FLOP/s (prefill is compute-bound) and time per token. `gdn` times the Gated DeltaNet recurrence
+ * (the gdn op) on Qwen3.5-27B's layer shape: the decode update at B1, B8 and B16 against the
+ * bandwidth of its state traffic, and one 8K-token prompt in the chunked form against the
+ * recurrence and against 8K one-token decode calls (not part of `all`). `moe` times an MoE layer's
+ * routed experts (the moe_experts op) at B1, B4, B8 and B16 on a Qwen3-30B-A3B-like and a
+ * Qwen3-Next / Qwen3.5-MoE-like shape, counting the bytes of the experts the batch chose, on the
+ * grouped path beside the reference path (not part of `all`). `nvfp4` times the matmul op on NVFP4
+ * weights on the GEMV shapes at B1, B8 and B16 against the bytes of the packed codes and scales,
+ * beside the f16 matmul op on the same shape in the same run, one row per kernel variant (--variant
+ * N: that one only; not part of `all`). `moe-nvfp4` times the routed experts on NVFP4 stacks on the
+ * two `moe` shapes at B1, B8 and B16 against the selected experts' NVFP4 bytes (codes, block
+ * scales, row scales), beside the f16 stacks on the same routings in the same run (not part of
+ * `all`). Both MoE sections end with each pass timed by warps a tile, forced 1-8 (SM70_MOE_KS) and
+ * by the rule that picks it.
  *
  * Every row prints the median time of one op, the bytes it must read over that time, and
  * that as a fraction of the read bandwidth (a plain read kernel) and of the D2D copy
@@ -223,28 +222,32 @@ static const struct {
 	{ SM70__BENCH_KV_FP8, "fp8" },
 };
 
-static int run_attention(int iters, const struct ref_bw *bw)
+/* The attention op on one head shape (q / kv heads, head_dim D) in every KV mode at B1, B8
+ * and B16, 1K and 16K; tag prefixes the row names ("" for the first shape, kept as it
+ * was for the scripts that read it). */
+static int attention_shape(int n_q, int n_kv, int D, const char *tag, int iters,
+			   const struct ref_bw *bw)
 {
 	static const int batches[] = { 1, 8, 16 }, ctxs[] = { 1024, 16384 };
 	double us16[3][2] = { { 0 } };
 
-	printf("\n== attention decode: 24 q heads / 4 KV heads, head_dim 256, paged (16-token "
-	       "blocks, shuffled), median of %d\n", iters);
+	printf("\n== attention decode: %d q heads / %d KV heads, head_dim %d, paged (16-token "
+	       "blocks, shuffled), median of %d\n", n_q, n_kv, D, iters);
 	header("");
 	for (size_t m = 0; m < sizeof(attn_kvs) / sizeof(attn_kvs[0]); m++) {
 		for (int c = 0; c < 2; c++) {
 			for (int bi = 0; bi < 3; bi++) {
 				struct sm70__bench_attn r;
 				char name[64], extra[64] = "";
-				int ret = sm70__bench_attention(24, 4, 256, attn_kvs[m].kv,
+				int ret = sm70__bench_attention(n_q, n_kv, D, attn_kvs[m].kv,
 								batches[bi], ctxs[c], iters, &r);
 
 				if (ret) {
 					fprintf(stderr, "sm70-bench: attention: error %d\n", ret);
 					return ret;
 				}
-				snprintf(name, sizeof(name), "attn %s ctx%dK B%d", attn_kvs[m].name,
-					 ctxs[c] / 1024, batches[bi]);
+				snprintf(name, sizeof(name), "attn %s%s ctx%dK B%d", tag,
+					 attn_kvs[m].name, ctxs[c] / 1024, batches[bi]);
 				if (m == 0)
 					us16[bi][c] = r.us;
 				else
@@ -255,6 +258,15 @@ static int run_attention(int iters, const struct ref_bw *bw)
 		}
 	}
 	return 0;
+}
+
+/* GQA-6 head_dim 256 (Qwen3.5's attention layers), then Qwen3-8B's GQA-4 head_dim 128,
+ * where the K/V loads of a row are half as many and the FP8 modes' balance differs. */
+static int run_attention(int iters, const struct ref_bw *bw)
+{
+	int ret = attention_shape(24, 4, 256, "", iters, bw);
+
+	return ret ? ret : attention_shape(32, 8, 128, "d128 ", iters, bw);
 }
 
 static int run_prefill(int iters)
