@@ -56,12 +56,6 @@ for t in test_cuda_ops test_cuda_moe test_cuda_moe_nvfp4 test_graphs; do
 	run_one "$t-experiments" env SM70_PDL=all SM70_GEMV_WARPS=4 SM70_ATTN_FOLD=1 \
 		"$B/tests-gpu/$t"
 done
-# the NVFP4 dot kernel at other warp counts than its default 8, and by its wave-fitting
-# rule (SM70_NVFP4_WARPS=auto)
-for w in 4 5 7 auto; do
-	[ -x "$B/tests-gpu/test_cuda_nvfp4" ] || continue
-	run_one "test_cuda_nvfp4-warps$w" env SM70_NVFP4_WARPS=$w "$B/tests-gpu/test_cuda_nvfp4"
-done
 # the B1 dot kernel at three blocks an SM on every shape (variant 5 takes it by shape)
 [ -x "$B/tests-gpu/test_cuda_nvfp4" ] &&
 	run_one test_cuda_nvfp4-variant4 env SM70_NVFP4_VARIANT=4 "$B/tests-gpu/test_cuda_nvfp4"

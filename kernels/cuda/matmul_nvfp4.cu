@@ -46,9 +46,8 @@
  *
  * Kernels, by batch size (SM70_NVFP4_VARIANT overrides the choice, see below):
  * - n <= 4: fp4_dot_kernel, no tensor cores. A block takes T row tiles (T = 2 on matrices
- *   tall enough to still give two blocks an SM, else 1) and its 8 warps (4-8 with
- *   SM70_NVFP4_WARPS: a count, or auto for fp4_dot_warps's fit of the tiles to waves)
- *   split the column steps, as below; lane l multiplies its 32 columns of row l / 2 of
+ *   tall enough to still give two blocks an SM, else 1) and its 8 warps split the column
+ *   steps, as below; lane l multiplies its 32 columns of row l / 2 of
  *   each tile, T x PF lane units (T x PF x 528 bytes a warp, 4.2 KB at B1-B2) loaded
  *   ahead in registers. x goes to shared memory once a block in f32 (n x cols x 4.5
  *   bytes: a half step is 36 floats, so the two column halves a warp reads at once sit 4
@@ -126,7 +125,6 @@
  */
 #include <mma.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -396,8 +394,7 @@ static size_t fp4_dot_smem(int n, int t, int cols)
 
 /*
  * NR rows of x, T row tiles a block, PF steps of W loaded ahead (T x PF lane units in
- * flight). The block's 8 warps (4-8: fp4_dot_warps) split the column steps as the WMMA
- * kernel's do; lane l
+ * flight). The block's 8 warps split the column steps as the WMMA kernel's do; lane l
  * multiplies its 32 columns of row l / 2 of each tile. Per 16-column block: each element
  * decoded to f32 (fp4_unpack, then two HADD2.F32 a pair), multiplied by x in f32 (an exact
  * product in the FFMA) and summed in f32, 8 columns a chain; the two chains' sum times the
@@ -413,10 +410,9 @@ static __global__ void __launch_bounds__(FP4_WARPS * 32, MINB)
 	extern __shared__ __align__(16) float fp4_dot_smem_f[];
 	float *tab = fp4_dot_smem_f, *red = tab + 256, *xs = red + FP4_WARPS * T * NR * 16;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = lane & 1;
-	const int nw = blockDim.x >> 5, nt = blockDim.x; /* warps (4..8), threads */
 	const int n_tiles = (rows + 15) / 16, t0 = blockIdx.x * T;
 	const int nsteps = (cols + FP4_KS - 1) / FP4_KS, xrow = nsteps * FP4_XS;
-	const int s0 = warp * nsteps / nw, s1 = (warp + 1) * nsteps / nw;
+	const int s0 = warp * nsteps / FP4_WARPS, s1 = (warp + 1) * nsteps / FP4_WARPS;
 	const uint4 *cp[T];
 	const uint16_t *sp[T];
 	const float *xl[NR];
@@ -452,13 +448,13 @@ static __global__ void __launch_bounds__(FP4_WARPS * 32, MINB)
 	for (int d = 0; d < PF; d++)
 		if (s0 + d < s1)
 			FP4_DOT_ISSUE(d, s0 + d);
-	for (int b = threadIdx.x; b < 256; b += nt)
+	for (int b = threadIdx.x; b < 256; b += FP4_WARPS * 32)
 		tab[b] = fp4_e4m3((uint32_t)b) * 16384.0f;
 	/* codes and scales are weights (pdl.h): x waits for the op ahead */
 	sm70__pdl_enter();
 	/* x row i, columns 8c .. 8c + 7 (zeros past cols: the padded columns' codes are zero
 	 * codes, and zero x keeps them out of the sums even against an infinite x) */
-	for (int e = threadIdx.x; e < NR * nsteps * 8; e += nt) {
+	for (int e = threadIdx.x; e < NR * nsteps * 8; e += FP4_WARPS * 32) {
 		const int i = e / (nsteps * 8), k = 8 * (e - i * nsteps * 8);
 		const uint4 v = k < cols ? __ldg((const uint4 *)(x + (size_t)i * cols + k)) :
 					   make_uint4(0, 0, 0, 0);
@@ -559,13 +555,14 @@ static __global__ void __launch_bounds__(FP4_WARPS * 32, MINB)
 		}
 	}
 	__syncthreads();
-	for (int idx = threadIdx.x; idx < T * NR * 16; idx += nt) {
+	for (int idx = threadIdx.x; idx < T * NR * 16; idx += FP4_WARPS * 32) {
 		const int m = idx / (NR * 16), i = idx / 16 % NR, r = (t0 + m) * 16 + idx % 16;
 		float sum = 0.0f;
 
 		if (r >= rows)
 			continue;
-		for (int v = 0; v < nw; v++)
+#pragma unroll
+		for (int v = 0; v < FP4_WARPS; v++)
 			sum += red[v * T * NR * 16 + idx];
 		sum *= row_scale2 ? row_scale2[r] : scale2;
 		if (y_f32)
@@ -685,74 +682,6 @@ static void fp4_wmma_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __
 	}
 }
 
-/* SM70_NVFP4_WARPS=4..8 fixes the dot kernel's warps a block; auto: fp4_dot_warps's rule;
- * unset: 8. The rule measured faster on the kernel alone at B1 (qkv 8.28 against 8.95 us,
- * the bf16-sized lm_head 119 against 132) but not end to end: equal on the Qwen3-8B shape
- * and 6% slower on Qwen3.5-27B's (docs/PERFORMANCE.md), so it stays behind the switch.
- * Read once. */
-static int fp4_forced_warps(void)
-{
-	static int forced = -1;
-
-	if (forced < 0) {
-		const char *v = getenv("SM70_NVFP4_WARPS");
-		const int n = v ? atoi(v) : 0;
-
-		forced = n >= 4 && n <= FP4_WARPS ? n : FP4_WARPS;
-		if (v && strcmp(v, "auto") == 0)
-			forced = 0;
-		else if (v && !(n >= 4 && n <= FP4_WARPS))
-			fprintf(stderr, "sm70 cuda: SM70_NVFP4_WARPS=%s: not auto or 4..%d, "
-					"ignored\n", v, FP4_WARPS);
-	}
-	return forced;
-}
-
-/*
- * Warps a dot block (4..8): the count that ends the row tiles soonest when an SM holds
- * resident[nw] blocks (the occupancy query, cached per device) and a block takes
- * ceil(steps / nw) + FP4_DOT_UNIT step-times (x staging and the sum, ~4 steps' worth):
- * rounds x that. The ncu profile of the 6144-row qkv shape (384 tiles, 8 warps: 264
- * blocks an H200 holds) showed 1.45 waves, the second half empty; 6 warps fit 3 blocks
- * an SM and the 384 in one wave. Ties go to more warps (fewer steps each).
- */
-#define FP4_DOT_UNIT 4
-
-template <int NR, int T, int PF, int MINB>
-static int fp4_dot_warps(struct sm70__cuda *c, size_t smem, int blocks, int nsteps)
-{
-	static signed char resident[64][FP4_WARPS + 1]; /* per device; 0: not yet asked */
-	signed char *res = resident[c->device & 63];
-	const int forced = fp4_forced_warps();
-	long best = -1;
-	int pick = FP4_WARPS;
-
-	if (forced)
-		return forced;
-	for (int nw = FP4_WARPS; nw >= 4; nw--) {
-		long rounds, cost;
-
-		if (res[nw] == 0) {
-			int r = 0;
-
-			if (SM70_CUDA_CHECK(&c->be, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-							    &r, fp4_dot_kernel<NR, T, PF, MINB>, nw * 32,
-							    smem)))
-				return FP4_WARPS;
-			res[nw] = (signed char)(r > 0 ? (r < 64 ? r : 64) : -1);
-		}
-		if (res[nw] < 0)
-			continue;
-		rounds = (blocks + (long)res[nw] * c->n_sm - 1) / ((long)res[nw] * c->n_sm);
-		cost = rounds * ((nsteps + nw - 1) / nw + FP4_DOT_UNIT);
-		if (best < 0 || cost < best) {
-			best = cost;
-			pick = nw;
-		}
-	}
-	return pick;
-}
-
 /* The dot kernel on n rows of x, T tiles a block. Its shared memory grows with cols: past
  * 48 KB its limit goes, once per device, to the most a block may have. */
 template <int NR, int T, int PF, int MINB = 2>
@@ -763,7 +692,6 @@ static void fp4_dot_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 	const size_t smem = fp4_dot_smem(NR, T, w->cols);
 	const uint64_t bit = 1ull << (c->device & 63);
 	const int n_tiles = (w->rows + 15) / 16, blocks = (n_tiles + T - 1) / T;
-	int nw;
 
 	if (smem > 48 * 1024 && !(attr_set & bit)) {
 		if (SM70_CUDA_CHECK(&c->be,
@@ -773,9 +701,8 @@ static void fp4_dot_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 			return;
 		attr_set |= bit;
 	}
-	nw = fp4_dot_warps<NR, T, PF, MINB>(c, smem, blocks, (w->cols + FP4_KS - 1) / FP4_KS);
 	sm70__launch_pdl(c, SM70__PDL_PREFETCH, fp4_dot_kernel<NR, T, PF, MINB>, dim3(blocks),
-			 dim3(nw * 32), smem, y, y_f32, x, (const uint4 *)w->data,
+			 dim3(FP4_WARPS * 32), smem, y, y_f32, x, (const uint4 *)w->data,
 			 (const uint16_t *)w->scale, w->rows, w->cols, w->scale2, w->row_scale2);
 }
 
