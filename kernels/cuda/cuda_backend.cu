@@ -359,14 +359,14 @@ static unsigned want_pdl(void)
 	return bits;
 }
 
-/* SM70_NVFP4_VARIANT (0 .. 5, see matmul_nvfp4.cu), for timing the NVFP4 kernels against
+/* SM70_NVFP4_VARIANT (0 .. 7, see matmul_nvfp4.cu), for timing the NVFP4 kernels against
  * each other; 0 (auto) when unset or out of range. */
 static int nvfp4_variant(void)
 {
 	const char *v = getenv("SM70_NVFP4_VARIANT");
 	int n = v ? atoi(v) : 0;
 
-	if (n < 0 || n > 5)
+	if (n < 0 || n > 7)
 		n = 0;
 	if (n)
 		fprintf(stderr, "sm70 cuda: SM70_NVFP4_VARIANT=%d\n", n);
@@ -473,6 +473,11 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	c->matmul_ref = wants_reference("SM70_MATMUL");
 	c->nvfp4_ref = wants_reference("SM70_NVFP4");
 	c->nvfp4_variant = nvfp4_variant();
+	/* SM70_NVFP4_SPLIT=N: N chunks a row tile in the NVFP4 split kernel (for timing its rule,
+	 * matmul_nvfp4_split.cu), where the scratch allows */
+	c->nvfp4_split = getenv("SM70_NVFP4_SPLIT") ? atoi(getenv("SM70_NVFP4_SPLIT")) : 0;
+	if (c->nvfp4_split < 0 || c->nvfp4_split > 32)
+		c->nvfp4_split = 0;
 	c->attn_ref = wants_reference("SM70_ATTENTION");
 	c->sample_ref = wants_reference("SM70_SAMPLER");
 	c->pdl = prop.major >= 9 ? want_pdl() : 0;

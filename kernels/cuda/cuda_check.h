@@ -77,6 +77,7 @@ struct sm70__cuda {
 	int matmul_ref;           /* SM70_MATMUL=reference */
 	int nvfp4_ref;            /* SM70_NVFP4=reference: ModelOpt layout, reference kernel */
 	int nvfp4_variant;        /* SM70_NVFP4_VARIANT: matmul_nvfp4.cu's kernel choice, 0 auto */
+	int nvfp4_split;          /* SM70_NVFP4_SPLIT: the split kernel's chunks a tile, 0 auto */
 	int attn_ref;             /* SM70_ATTENTION=reference */
 	float *attn_part;         /* split-KV partials, SM70__CUDA_ATTN_PART_BYTES */
 	int32_t *attn_count;      /* SM70_ATTN_FOLD=1: SM70__CUDA_ATTN_COUNTERS, else NULL */

@@ -129,9 +129,9 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/nvfp4_words.h"
 #include "kernels/cuda/pdl.h"
 
-#define FP4_KS 64          /* columns a step: 16 rows x 64 columns = 32 lanes x 16 bytes */
 #define FP4_LD (FP4_KS + 8) /* staged row stride in halves: rows 16 bytes apart in banks */
 #define FP4_WARPS 8
 #define FP4_PF 2           /* steps loaded ahead */
@@ -142,71 +142,10 @@
 #define FP4_XH 36          /* staged x floats a half step: 32 columns + 4 (a bank offset) */
 #define FP4_XS (2 * FP4_XH) /* staged x floats a step, per row of x */
 
-/* Pair p's sign rotation in nibble p (its magnitudes rotate by 3p): nvfp4-f's placement. */
-#define FP4_SIGN_ROT 0x9687u
-
 /* Shared memory of one warp: its decoded W tiles and the x tile, FP4_LD halves a row. */
 template <int MT> struct fp4_stage {
 	static constexpr size_t bytes = (size_t)(16 * MT + 16) * FP4_LD * sizeof(__half);
 };
-
-/* Bit b of an arranged word that holds element e (0..7) of its eight: the magnitude's
- * bits 0-2 (b = 0..2) and the sign (b = 3). */
-static __host__ __device__ __forceinline__ int fp4_bit_at(int e, int b)
-{
-	const int p = e >> 1, h = e & 1;
-
-	if (b < 3)
-		return (9 + 16 * h + 3 * p + b) & 31;
-	return (15 + 16 * h + (int)((FP4_SIGN_ROT >> (4 * p)) & 15)) & 31;
-}
-
-/* Element e's 4-bit E2M1 code in an arranged word. */
-static __host__ __device__ __forceinline__ uint32_t fp4_word_code(uint32_t w, int e)
-{
-	uint32_t code = 0;
-
-	for (int b = 0; b < 4; b++)
-		code |= ((w >> fp4_bit_at(e, b)) & 1u) << b;
-	return code;
-}
-
-static __device__ __forceinline__ __half2 u32_as_half2(uint32_t u)
-{
-	union {
-		uint32_t u;
-		__half2 h;
-	} v;
-
-	v.u = u;
-	return v.h;
-}
-
-static __device__ __forceinline__ uint32_t half2_as_u32(__half2 h)
-{
-	union {
-		uint32_t u;
-		__half2 h;
-	} v;
-
-	v.h = h;
-	return v.u;
-}
-
-static __device__ __forceinline__ uint32_t rotr(uint32_t w, int r)
-{
-	return __funnelshift_r(w, w, r);
-}
-
-/* The four f16 pairs of an arranged word, e2m1 * 2^-14 each, exactly: v[p] holds
- * elements 2p (low half) and 2p + 1. Eleven integer instructions. */
-static __device__ __forceinline__ void fp4_unpack(uint32_t w, __half2 v[4])
-{
-	v[0] = u32_as_half2((w & 0x0e000e00u) | (rotr(w, 7) & 0x80008000u));
-	v[1] = u32_as_half2((rotr(w, 3) & 0x0e000e00u) | (rotr(w, 8) & 0x80008000u));
-	v[2] = u32_as_half2(rotr(w, 6) & 0x8e008e00u);
-	v[3] = u32_as_half2(rotr(w, 9) & 0x8e008e00u);
-}
 
 /* A lane's two block scales (low byte: its first 16 columns) as f16 pairs of
  * t = e4m3 * 2^7 each: lo covers words 0-1 of its codes, hi words 2-3. */
@@ -752,6 +691,11 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 	/* auto: the dot kernel at n = 1 only; from n = 2 WMMA measured as fast or faster
 	 * (docs/PERFORMANCE.md, "NVFP4 GEMV"). Batch invariance: WMMA at every n (its
 	 * output column depends on its x row alone; the dot kernel sums in another order) */
+	/* variants 6 and 7: the split kernel (matmul_nvfp4_split.cu) up to its rows of x, x
+	 * through L1 or in shared memory */
+	if (!c->be.batch_invariant && (v == 6 || v == 7) &&
+	    sm70__cuda_fp4_split(c, y, y_f32, x, w, n, v == 7))
+		return;
 	if (c->be.batch_invariant || n > FP4_DOT_ROWS_MAX || v == 1 ||
 	    ((v == 0 || v >= 4) && n > 1) || fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {
 		fp4_wmma_dispatch(c, y, y_f32, x, w, n);

@@ -1,6 +1,8 @@
-/* test_cuda_nvfp4 - the CUDA matmul op on NVFP4 weights (kernels/cuda/matmul_nvfp4.cu)
- * against its CPU twin on the same ModelOpt bytes, on a backend for every kernel variant
- * (SM70_NVFP4_VARIANT 0-3: auto, WMMA, the dot kernel with one or two row tiles a block):
+/* test_cuda_nvfp4 - the CUDA matmul op on NVFP4 weights (kernels/cuda/matmul_nvfp4.cu,
+ * matmul_nvfp4_split.cu) against its CPU twin on the same ModelOpt bytes, on a backend for
+ * every kernel variant (SM70_NVFP4_VARIANT 0-3, 6 and 7: auto, WMMA, the dot kernel with one
+ * or two row tiles a block, the split kernel with its f16 block sums up to four rows of x,
+ * reading x through L1 or from shared memory):
  * random and odd shapes, n = 1..16 and past 16, weights made by the quantizer's own code
  * (common/nvfp4.c) on every variant, the dot kernel's n = 1..4 on every shape,
  * f16 and f32 outputs, a 448 / zero / subnormal-scale row each checked on its own,
@@ -45,15 +47,35 @@
 #define TOL_F32 2e-5
 #define TOL_F16 6e-4
 
-#define N_VARIANTS 4 /* SM70_NVFP4_VARIANT 0..3 (matmul_nvfp4.cu) */
+/*
+ * The split kernel (variants 6 and 7) sums each 16-column block in f16 pairs, 8 terms a half, each
+ * rounding once: |err| <= 8 * 2^-11 of the terms' size (sum over k of |x_k w_k|), plus the
+ * f16 underflow floor cols * scale2 * 2^-13 (matmul_nvfp4_split.cu's file comment), plus an
+ * f16 output's rounding. Every output is checked against that bound; the worst ratio of
+ * error to terms' size is printed (random roundings keep it well under the bound).
+ */
+#define TOL_SPLIT (8.0 / 2048.0)
+
+/* The variants tested: SM70_NVFP4_VARIANT's values (matmul_nvfp4.cu) */
+static const int variants[] = { 0, 1, 2, 3, 6, 7 };
+#define N_VARIANTS ((int)(sizeof(variants) / sizeof(variants[0])))
+#define SPLIT_VARIANT(v) ((v) == 6 || (v) == 7) /* x through L1, x in shared memory */
 
 static struct sm70_backend *gpu, *gpu_ref, *cpu, *gpu_fp4ref;
-/* gpu_var[v]: SM70_NVFP4_VARIANT=v for v >= 1 (variant 0 is gpu: var_be) */
-static struct sm70_backend *gpu_var[N_VARIANTS];
+/* gpu_var[i]: SM70_NVFP4_VARIANT=variants[i] for i >= 1 (variant 0 is gpu: var_be) */
+static struct sm70_backend *gpu_var[8];
 
-static struct sm70_backend *var_be(int v)
+static struct sm70_backend *var_be(int i)
 {
-	return v ? gpu_var[v] : gpu;
+	return i ? gpu_var[i] : gpu;
+}
+
+static int is_split(const struct sm70_backend *be)
+{
+	for (int i = 1; i < N_VARIANTS; i++)
+		if (gpu_var[i] == be)
+			return SPLIT_VARIANT(variants[i]);
+	return 0;
 }
 
 /* ---- the matrices -------------------------------------------------------------------- */
@@ -203,6 +225,45 @@ static void compare_row(const char *what, const struct fp4_host *h, int r, const
 	assert_true(worst <= tol);
 }
 
+/* Every output of the split kernel against its bound (TOL_SPLIT above): the CPU's
+ * output ref (f32) and got, each with the size of its dot's terms, on its row's scale2. */
+static void compare_split(const char *what, const struct fp4_host *h, const float *x,
+			  const float *got, const float *ref, int n, int y_f32)
+{
+	const int rows = h->w.rows, cols = h->w.cols;
+	float *wr = fvec((size_t)cols);
+	double worst = 0.0, worst_bound = 0.0;
+
+	for (int r = 0; r < rows; r++) {
+		const uint8_t *codes = (const uint8_t *)h->w.data + (size_t)r * cols / 2;
+		const uint8_t *scales = (const uint8_t *)h->w.scale + (size_t)r * cols / 16;
+		const float s2 = h->w.row_scale2 ? h->w.row_scale2[r] : h->w.scale2;
+
+		for (int k = 0; k < cols; k++)
+			wr[k] = sm70_nvfp4_dequant(codes + k / 16 * 8, scales[k / 16], s2, k % 16);
+		for (int i = 0; i < n; i++) {
+			const size_t at = (size_t)i * rows + r;
+			double terms = 0.0, err, bound;
+
+			for (int k = 0; k < cols; k++)
+				terms += fabs((double)wr[k] * x[(size_t)i * cols + k]);
+			err = isnan(got[at]) ? INFINITY : fabs((double)got[at] - ref[at]);
+			bound = TOL_SPLIT * terms + cols * (double)s2 * 0x1p-13 +
+				(y_f32 ? 0.0 : 0x1p-11 * fabs((double)ref[at]) + 0x1p-24);
+			if (!(err <= bound))
+				fail_msg("%s: row %d x row %d: |%g - %g| = %.3g > bound %.3g (terms %.3g)",
+					 what, r, i, got[at], ref[at], err, bound, terms);
+			if (terms > 0.0 && err / terms > worst)
+				worst = err / terms;
+			if (bound > 0.0 && err / bound > worst_bound)
+				worst_bound = err / bound;
+		}
+	}
+	printf("  %-52s error over the terms' size %.3g, over its bound %.3g, %d values\n", what,
+	       worst, worst_bound, n * rows);
+	free(wr);
+}
+
 /* be's matmul against the CPU's on h with n rows of x. Row 1 (zero scales) must be
  * zeros; with an f32 y, rows 0 and 2 (scales 448 and 2^-9) are also compared on their own
  * scale, so that a subnormal product the tensor cores dropped would show (as f16, row 2's
@@ -222,7 +283,10 @@ static void compare_case(struct sm70_backend *be, const char *path, const struct
 	run(cpu, &wc, x, n, 1, 0, ref);
 	snprintf(what, sizeof(what), "%s [%d x %d] n %d %s%s", path, rows, cols, n,
 		 y_f32 ? "f32" : "f16", x_off ? " unaligned x" : "");
-	compare_values(what, got, ref, ny, tol);
+	if (is_split(be))
+		compare_split(what, h, x, got, ref, n, y_f32);
+	else
+		compare_values(what, got, ref, ny, tol);
 	for (int r = 0; h->special_rows && r < 3 && r < rows; r++) {
 		gather_row(rg, got, n, rows, r);
 		gather_row(rr, ref, n, rows, r);
@@ -231,7 +295,7 @@ static void compare_case(struct sm70_backend *be, const char *path, const struct
 		if (r == 1)
 			for (int i = 0; i < n; i++)
 				assert_true(rg[i] == 0.0f);
-		else if (y_f32)
+		else if (y_f32 && !is_split(be)) /* compare_split took every row */
 			compare_row(what, h, r, x, rg, rr, n, tol);
 	}
 	release(cpu, &wc);
@@ -257,7 +321,7 @@ static void test_fast_path(void **state)
 	for (int v = 0; v < N_VARIANTS; v++) {
 		char path[32];
 
-		snprintf(path, sizeof(path), "fast v%d", v);
+		snprintf(path, sizeof(path), "fast v%d", variants[v]);
 		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
 			struct fp4_host h;
 
@@ -292,7 +356,7 @@ static void test_quantized_weights(void **state)
 			char path[32];
 
 			snprintf(path, sizeof(path), v < N_VARIANTS ? "quantized v%d" :
-				 "quantized reference", v);
+				 "quantized reference", v < N_VARIANTS ? variants[v] : 0);
 			for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++)
 				compare_case(v < N_VARIANTS ? var_be(v) : gpu_fp4ref, path, &h, ns[k],
 					     (int)(k & 1), 0);
@@ -308,7 +372,7 @@ static void test_dot_rows(void **state)
 	for (int v = 0; v < N_VARIANTS; v++) {
 		char path[32];
 
-		snprintf(path, sizeof(path), "n<=4 v%d", v);
+		snprintf(path, sizeof(path), "n<=4 v%d", variants[v]);
 		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
 			struct fp4_host h;
 
@@ -339,7 +403,7 @@ static void test_row_scale2(void **state)
 	for (int v = 0; v < N_VARIANTS; v++) {
 		char path[32];
 
-		snprintf(path, sizeof(path), "row_scale2 v%d", v);
+		snprintf(path, sizeof(path), "row_scale2 v%d", variants[v]);
 		for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
 			const int n = ns[k];
 			const size_t ny = (size_t)n * rows;
@@ -350,8 +414,12 @@ static void test_row_scale2(void **state)
 
 			run(var_be(v), &wg, x, n, 1, 0, got);
 			run(cpu, &wc, x, n, 1, 0, ref);
+			snprintf(what, sizeof(what), "%s [%d x %d] n %d f32", path, rows, cols, n);
+			/* the split kernel: every row against its bound, on its own scale2 */
+			if (is_split(var_be(v)))
+				compare_split(what, &h, x, got, ref, n, 1);
 			/* each part on its own scale: the small rows would hide in max |y| */
-			for (int part = 0; part < 3; part++) {
+			for (int part = 0; part < 3 && !is_split(var_be(v)); part++) {
 				double md = 0.0, mr = 0.0;
 
 				for (int r = 3 + part; r < rows; r += 3) {
@@ -372,8 +440,8 @@ static void test_row_scale2(void **state)
 					fail_msg("%s n %d: part %d rel %.2e > %.1e", path, n, part,
 						 mr > 0 ? md / mr : md, TOL_F32);
 			}
-			snprintf(what, sizeof(what), "%s [%d x %d] n %d f32", path, rows, cols, n);
-			compare_values(what, got, ref, ny, TOL_F32);
+			if (!is_split(var_be(v)))
+				compare_values(what, got, ref, ny, TOL_F32);
 			release(cpu, &wc);
 			release(var_be(v), &wg);
 			free(rr);
@@ -458,6 +526,12 @@ static void test_graph_replay(void **state)
 	graph_replay(gpu, 6);
 	graph_replay(gpu, 1);
 	graph_replay(gpu_var[3], 3);
+	for (int i = 1; i < N_VARIANTS; i++) {
+		if (SPLIT_VARIANT(variants[i])) { /* the split kernel's counters reset each call */
+			graph_replay(gpu_var[i], 1);
+			graph_replay(gpu_var[i], 4);
+		}
+	}
 }
 
 static void test_refusal(void **state)
@@ -507,19 +581,21 @@ int main(void)
 	for (int v = 1; v < N_VARIANTS && !ret; v++) {
 		char val[8];
 
-		snprintf(val, sizeof(val), "%d", v);
+		snprintf(val, sizeof(val), "%d", variants[v]);
 		setenv("SM70_NVFP4_VARIANT", val, 1);
 		ret = sm70_backend_cuda_create(&gpu_var[v], 0, &err);
 		unsetenv("SM70_NVFP4_VARIANT");
 		if (ret)
-			fprintf(stderr, "cuda backend (SM70_NVFP4_VARIANT=%d): %s\n", v, err.msg);
+			fprintf(stderr, "cuda backend (SM70_NVFP4_VARIANT=%d): %s\n", variants[v],
+				err.msg);
 	}
 	if (!ret)
 		ret = gpu_test_main("cuda_nvfp4", tests, sizeof(tests) / sizeof(tests[0]), &gpu,
 				    &gpu_ref, &cpu);
 	for (int v = 1; v < N_VARIANTS; v++) {
 		if (gpu_var[v] && gpu_var[v]->ops->sync(gpu_var[v])) {
-			fprintf(stderr, "a CUDA error was recorded on the variant %d backend\n", v);
+			fprintf(stderr, "a CUDA error was recorded on the variant %d backend\n",
+				variants[v]);
 			ret = 1;
 		}
 		if (gpu_var[v])
