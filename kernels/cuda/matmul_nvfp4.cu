@@ -102,14 +102,17 @@
  * memory-bound with room to spare.
  *
  * Variants (SM70_NVFP4_VARIANT, read at backend creation, for timing the kernels against
- * each other; 0 when unset): 0 auto (the above, but the dot kernel at n = 1 only: on the
- * H200 WMMA matched or beat it from n = 2), 1 WMMA at every n, 2 the dot kernel with
+ * each other; 0 when unset): 0 auto (the dot kernel at n = 1, held to three blocks an SM
+ * where that pays as in 5; the split kernel with x in shared memory at n = 2, as 7; WMMA
+ * from n = 3), 1 WMMA at every n, 2 the dot kernel with
  * T = 1 always, 3 the dot kernel with T = 2 always, 4 as 0 but with the n = 1 dot kernel
  * held to 3 blocks an SM (launch bounds: at most 85 registers, half the steps ahead), which
  * trades bytes in flight for warps against the issue-bound chain ncu showed; 5 as 4 but
  * only where that measured faster (fp4_dot3_pays: more blocks than two an SM hold, and
  * three fit in shared memory). 2 and 3 change only n <= 4 (and keep the shared-memory
- * fallback).
+ * fallback). 6 and 7: the split kernel (matmul_nvfp4_split.cu: f16 block sums, one warp a
+ * row tile's column chunk) at n <= 4, reading x through L1 (6) or from a block's copy in
+ * shared memory (7); WMMA past that.
  *
  * Other paths:
  * - n > 16: the kernels over x in slices of 16 rows (W read once a slice).
@@ -691,17 +694,22 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 	/* auto: the dot kernel at n = 1 only; from n = 2 WMMA measured as fast or faster
 	 * (docs/PERFORMANCE.md, "NVFP4 GEMV"). Batch invariance: WMMA at every n (its
 	 * output column depends on its x row alone; the dot kernel sums in another order) */
-	/* variants 6 and 7: the split kernel (matmul_nvfp4_split.cu) up to its rows of x, x
-	 * through L1 or in shared memory */
-	if (!c->be.batch_invariant && (v == 6 || v == 7) &&
-	    sm70__cuda_fp4_split(c, y, y_f32, x, w, n, v == 7))
+	/* the split kernel (matmul_nvfp4_split.cu): variants 6 and 7 up to its rows of x, x
+	 * through L1 or in shared memory; auto at n = 2, x in shared memory (measured 1.02-1.29x
+	 * WMMA's speed there on the 8B shapes, and slower than the dot kernel at n = 1 and than
+	 * WMMA at n = 4: docs/PERFORMANCE.md, "NVFP4 at B1-B4: the split kernel") */
+	if (!c->be.batch_invariant && (v == 6 || v == 7 || (v == 0 && n == 2)) &&
+	    sm70__cuda_fp4_split(c, y, y_f32, x, w, n, v != 6))
 		return;
 	if (c->be.batch_invariant || n > FP4_DOT_ROWS_MAX || v == 1 ||
 	    ((v == 0 || v >= 4) && n > 1) || fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {
 		fp4_wmma_dispatch(c, y, y_f32, x, w, n);
 		return;
 	}
-	if (v == 4 || (v == 5 && fp4_dot3_pays(c, w, t2 ? 2 : 1))) { /* n = 1, 3 blocks an SM */
+	/* n = 1 at three blocks an SM where that pays: variant 4 everywhere, auto and 5 by shape
+	 * (measured faster end to end: 8B B1 328.4 against 313.7 tokens/s, 27B 97.8 against
+	 * 96.1, H100) */
+	if (v == 4 || ((v == 0 || v == 5) && fp4_dot3_pays(c, w, t2 ? 2 : 1))) {
 		if (t2)
 			fp4_dot_launch<1, 2, 2, 3>(c, y, y_f32, x, w);
 		else
