@@ -2,7 +2,7 @@
  * sm70-bench - the benchmark driver.
  *
  *   sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|moe-nvfp4|all [--iters N] [--device N]
- *              [--variant N]     (nvfp4: one kernel variant 0-7, default every one)
+ *              [--variant N]     (nvfp4: one kernel variant 0-8, default every one)
  *   sm70-bench decode -m MODEL_DIR ...      end-to-end decode (tools/bench/decode.c)
  *   sm70-bench ipc ...                      the transport alone (tools/bench/ipc.c)
  *
@@ -147,13 +147,13 @@ static int run_gemv(int iters, const struct ref_bw *bw)
  * matmul_nvfp4.cu: v0 auto, v1 WMMA, v2 dot with one row tile a block, v3 dot with two,
  * v4 auto with the B1 dot kernel at three blocks an SM, v5 that where it measured faster, v6
  * the split kernel with f16 block sums up to four rows of x (matmul_nvfp4_split.cu), v7 that
- * with x in shared memory;
+ * with x in shared memory, v8 the tile kernel (the same sums, one block a row tile);
  * `variant` >= 0 times that one alone). Past n = 4 every variant runs the WMMA kernel, so
  * only the first one's row is printed. bytes: the packed codes + E4M3 scales (what an
  * NVFP4 call must read; x and y are under 1% of it); the f16 column's own %read counts its
  * W + x + y as the gemv table does.
  */
-#define NVFP4_VARIANTS 8
+#define NVFP4_VARIANTS 9
 #define NVFP4_DOT_ROWS_MAX 4 /* matmul_nvfp4.cu's FP4_DOT_ROWS_MAX */
 
 static int run_nvfp4(int iters, int variant, const struct ref_bw *bw)

@@ -359,14 +359,14 @@ static unsigned want_pdl(void)
 	return bits;
 }
 
-/* SM70_NVFP4_VARIANT (0 .. 7, see matmul_nvfp4.cu), for timing the NVFP4 kernels against
+/* SM70_NVFP4_VARIANT (0 .. 8, see matmul_nvfp4.cu), for timing the NVFP4 kernels against
  * each other; 0 (auto) when unset or out of range. */
 static int nvfp4_variant(void)
 {
 	const char *v = getenv("SM70_NVFP4_VARIANT");
 	int n = v ? atoi(v) : 0;
 
-	if (n < 0 || n > 7)
+	if (n < 0 || n > 8)
 		n = 0;
 	if (n)
 		fprintf(stderr, "sm70 cuda: SM70_NVFP4_VARIANT=%d\n", n);

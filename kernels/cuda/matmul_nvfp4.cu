@@ -112,7 +112,8 @@
  * three fit in shared memory). 2 and 3 change only n <= 4 (and keep the shared-memory
  * fallback). 6 and 7: the split kernel (matmul_nvfp4_split.cu: f16 block sums, one warp a
  * row tile's column chunk) at n <= 4, reading x through L1 (6) or from a block's copy in
- * shared memory (7); WMMA past that.
+ * shared memory (7); WMMA past that. 8: the tile kernel of the same file (the dot kernel's
+ * block structure with the f16 arithmetic) at n <= 2, built and not yet measured.
  *
  * Other paths:
  * - n > 16: the kernels over x in slices of 16 rows (W read once a slice).
@@ -700,6 +701,9 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 	 * WMMA at n = 4: docs/PERFORMANCE.md, "NVFP4 at B1-B4: the split kernel") */
 	if (!c->be.batch_invariant && (v == 6 || v == 7 || (v == 0 && n == 2)) &&
 	    sm70__cuda_fp4_split(c, y, y_f32, x, w, n, v != 6))
+		return;
+	/* variant 8: the tile kernel (matmul_nvfp4_split.cu) at n = 1-2; built, not measured */
+	if (!c->be.batch_invariant && v == 8 && sm70__cuda_fp4_tile(c, y, y_f32, x, w, n))
 		return;
 	if (c->be.batch_invariant || n > FP4_DOT_ROWS_MAX || v == 1 ||
 	    ((v == 0 || v >= 4) && n > 1) || fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {

@@ -53,6 +53,8 @@
 #define FP4S_PF(NR) ((NR) <= 2 ? 4 : 2)
 #define FP4S_OUT 4096.0f      /* 2^12: the scale of the f16 products, undone on f32 sums */
 #define FP4S_SPLIT_MAX 32     /* most chunks a tile */
+#define FP4T_THREADS_MAX 512  /* the tile kernel's largest block (16 warps) */
+#define FP4T_MINB 2           /* its blocks an SM at that size: <= 64 registers */
 #define FP4S_RAMP 2           /* a task's start and end, in steps, for fp4s_split */
 
 /* A lane's two block scales (low byte: its first 16 columns) as f16 pairs of e4m3 * 4,
@@ -146,6 +148,37 @@ static __device__ __forceinline__ void fp4s_store(void *y, int y_f32, size_t at,
 }
 
 /*
+ * A lane's steps [s, s1) of its tile (codes at cp, scales at sp, its x columns at xl), the
+ * first PF already in wr / sr: each step multiplied into acc as it is used, and the step PF
+ * ahead loaded into its place. full: the steps inside cols (the rest pass its end).
+ */
+template <int NR, int PF, bool XS>
+static __device__ __forceinline__ void fp4s_walk(uint4 wr[PF], uint32_t sr[PF], const uint4 *cp,
+						 const uint16_t *sp, const __half *xl, int s,
+						 int s1, int full, int cols, int half, float acc[NR])
+{
+	for (; s < s1; s += PF) {
+#pragma unroll
+		for (int d = 0; d < PF; d++) {
+			const int sd = s + d;
+
+			if (sd >= s1)
+				break;
+			if (sd < full)
+				fp4s_step<NR, false, XS>(wr[d], sr[d], xl + (size_t)sd * FP4_KS,
+							 cols, 0, acc);
+			else
+				fp4s_step<NR, true, XS>(wr[d], sr[d], xl + (size_t)sd * FP4_KS,
+							cols, cols - sd * FP4_KS - half * 32, acc);
+			if (sd + PF < s1) {
+				wr[d] = fp4s_ld_codes(cp + (size_t)(sd + PF) * 32);
+				sr[d] = fp4s_ld_scales(sp + (size_t)(sd + PF) * 32);
+			}
+		}
+	}
+}
+
+/*
  * Task blockIdx.x * FP4S_WARPS + warp: row tile task / split, chunk task % split of its
  * column steps. Lane l multiplies row l / 2 of the tile, columns 32 (l % 2) .. + 31 of each
  * step (the arrangement's lane unit), PF steps loaded ahead. out_scale is 2^12 * scale2;
@@ -195,25 +228,7 @@ static __global__ void __launch_bounds__(FP4S_WARPS * 32, FP4S_MINB(NR))
 		if (!live)
 			return;
 	}
-	for (int s = s0; s < s1; s += PF) {
-#pragma unroll
-		for (int d = 0; d < PF; d++) {
-			const int sd = s + d;
-
-			if (sd >= s1)
-				break;
-			if (sd < full)
-				fp4s_step<NR, false, XS>(wr[d], sr[d], xl + (size_t)sd * FP4_KS,
-							 cols, 0, acc);
-			else
-				fp4s_step<NR, true, XS>(wr[d], sr[d], xl + (size_t)sd * FP4_KS,
-							cols, cols - sd * FP4_KS - half * 32, acc);
-			if (sd + PF < s1) {
-				wr[d] = fp4s_ld_codes(cp + (size_t)(sd + PF) * 32);
-				sr[d] = fp4s_ld_scales(sp + (size_t)(sd + PF) * 32);
-			}
-		}
-	}
+	fp4s_walk<NR, PF, XS>(wr, sr, cp, sp, xl, s0, s1, full, cols, half, acc);
 
 	/* the lane pair's halves of a row, then the row's sum or the task's slot */
 	{
@@ -362,6 +377,121 @@ static void fp4s_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *
 			 dim3(FP4S_WARPS * 32), smem, y, y_f32, x, (const uint4 *)w->data,
 			 (const uint16_t *)w->scale, w->rows, w->cols, split, FP4S_OUT * w->scale2,
 			 w->row_scale2, c->gemv_part, c->gemv_count);
+}
+
+/*
+ * The tile kernel (variant 8; built, not yet measured on a GPU): the dot kernel's structure
+ * (matmul_nvfp4.cu) with this file's f16 arithmetic, for n = 1-2. One block a row tile;
+ * its W warps (blockDim.x / 32) split the tile's steps; x in shared memory behind the warps'
+ * row sums, which meet there and are added in warp order: no global scratch, no atomics, no
+ * fence. The split kernel's n = 1 tasks are one short burst of loads each and end in three
+ * L2 round trips (its partial, the counter, the other partials); this keeps the burst but
+ * ends in a block barrier.
+ */
+template <int NR, int PF>
+static __global__ void __launch_bounds__(FP4T_THREADS_MAX, FP4T_MINB)
+	fp4_tile_kernel(void *__restrict__ y, int y_f32, const __half *__restrict__ x,
+			const uint4 *__restrict__ codes, const uint16_t *__restrict__ scales,
+			int rows, int cols, float out_scale, const float *__restrict__ row_scale2)
+{
+	extern __shared__ __align__(16) unsigned char fp4t_smem[];
+	const int lane = threadIdx.x & 31, half = lane & 1;
+	const int warp = (int)(threadIdx.x >> 5), nw = (int)(blockDim.x >> 5);
+	const int tile = (int)blockIdx.x, nsteps = (cols + FP4_KS - 1) / FP4_KS;
+	const int s0 = warp * nsteps / nw, s1 = (warp + 1) * nsteps / nw, full = cols / FP4_KS;
+	const uint4 *cp = codes + (size_t)tile * nsteps * 32 + lane;
+	const uint16_t *sp = scales + (size_t)tile * nsteps * 32 + lane;
+	float *red = (float *)fp4t_smem; /* [nw][NR][16] row sums */
+	__half *xs = (__half *)(fp4t_smem + (size_t)nw * NR * 16 * sizeof(float));
+	uint4 wr[PF];
+	uint32_t sr[PF];
+	float acc[NR];
+
+#pragma unroll
+	for (int d = 0; d < PF; d++) {
+		if (s0 + d < s1) {
+			wr[d] = fp4s_ld_codes(cp + (size_t)(s0 + d) * 32);
+			sr[d] = fp4s_ld_scales(sp + (size_t)(s0 + d) * 32);
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < NR; i++)
+		acc[i] = 0.0f;
+	/* codes and scales are weights (pdl.h): x waits for the op ahead */
+	sm70__pdl_enter();
+	for (int e = threadIdx.x; e < NR * cols / 8; e += blockDim.x)
+		((uint4 *)xs)[e] = __ldg((const uint4 *)x + e);
+	__syncthreads();
+	fp4s_walk<NR, PF, true>(wr, sr, cp, sp, xs + half * 32, s0, s1, full, cols, half, acc);
+#pragma unroll
+	for (int i = 0; i < NR; i++) {
+		const float v = acc[i] + __shfl_xor_sync(0xffffffffu, acc[i], 1);
+
+		if (!half)
+			red[(warp * NR + i) * 16 + (lane >> 1)] = v;
+	}
+	__syncthreads();
+	for (int idx = threadIdx.x; idx < 16 * NR; idx += blockDim.x) {
+		const int r = tile * 16 + (idx & 15);
+		float sum = 0.0f;
+
+		for (int v = 0; v < nw; v++)
+			sum += red[v * NR * 16 + idx];
+		if (r < rows)
+			fp4s_store(y, y_f32, (size_t)(idx >> 4) * rows + r,
+				   sum * (row_scale2 ? FP4S_OUT * row_scale2[r] : out_scale));
+	}
+}
+
+/* Warps a block of the tile kernel: 16, 8 or 4, the most that keeps the tiles' warps within
+ * one wave of resident warps (32 an SM at 64 registers) and every warp at four steps or
+ * more; 4 past one wave. */
+static int fp4t_warps(const struct sm70__cuda *c, int n_tiles, int nsteps)
+{
+	int nw = 16;
+
+	while (nw > 4 && ((long)n_tiles * nw > 32L * c->n_sm || nsteps / nw < 4))
+		nw /= 2;
+	return nw;
+}
+
+template <int NR>
+static int fp4t_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
+		       const struct sm70_weight *w)
+{
+	static uint64_t attr_set; /* a bit per device: the attribute is per device */
+	const uint64_t bit = 1ull << (c->device & 63);
+	const int n_tiles = (w->rows + 15) / 16, nsteps = (w->cols + FP4_KS - 1) / FP4_KS;
+	const int nw = fp4t_warps(c, n_tiles, nsteps);
+	const size_t smem = (size_t)nw * NR * 16 * sizeof(float) + (size_t)NR * w->cols * 2;
+
+	if (smem > c->smem_optin)
+		return 0;
+	if (smem > 48 * 1024 && !(attr_set & bit)) {
+		if (SM70_CUDA_CHECK(&c->be,
+				    cudaFuncSetAttribute(fp4_tile_kernel<NR, FP4S_PF(NR)>,
+							 cudaFuncAttributeMaxDynamicSharedMemorySize,
+							 (int)c->smem_optin)))
+			return 1;
+		attr_set |= bit;
+	}
+	sm70__launch_pdl(c, SM70__PDL_PREFETCH, fp4_tile_kernel<NR, FP4S_PF(NR)>,
+			 dim3((unsigned)n_tiles), dim3((unsigned)nw * 32), smem, y, y_f32, x,
+			 (const uint4 *)w->data, (const uint16_t *)w->scale, w->rows, w->cols,
+			 FP4S_OUT * w->scale2, w->row_scale2);
+	return 1;
+}
+
+int sm70__cuda_fp4_tile(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
+			const struct sm70_weight *w, int n)
+{
+	if ((uintptr_t)x & 15)
+		return 0;
+	if (n == 1)
+		return fp4t_launch<1>(c, y, y_f32, x, w);
+	if (n == 2)
+		return fp4t_launch<2>(c, y, y_f32, x, w);
+	return 0;
 }
 
 int sm70__cuda_fp4_split(struct sm70__cuda *c, void *y, int y_f32, const __half *x,

@@ -85,4 +85,10 @@ struct sm70_weight;
 int sm70__cuda_fp4_split(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
 			 const struct sm70_weight *w, int n, int xs);
 
+/* The tile kernel (matmul_nvfp4_split.cu, SM70_NVFP4_VARIANT=8) on n = 1 or 2 rows of x,
+ * x 16-byte aligned and fitting a block's shared memory: 1 when it queued the launch, 0
+ * when the caller must run another kernel. */
+int sm70__cuda_fp4_tile(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
+			const struct sm70_weight *w, int n);
+
 #endif
