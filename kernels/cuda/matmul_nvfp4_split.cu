@@ -1,27 +1,35 @@
 /*
- * matmul_nvfp4_split.cu - the split kernel of the NVFP4 matmul op, y[n, rows] = x[n, cols]
- * W^T for n = 1..FP4S_ROWS_MAX, on prepare_weight's arrangement (matmul_nvfp4.cu's file
- * comment; the words as nvfp4_words.h unpacks them). Made for a decode step's GEMVs at B1,
- * where matmul_nvfp4.cu's dot kernel measured 34-59% of read bandwidth.
+ * matmul_nvfp4_split.cu - the f16-sum kernels of the NVFP4 matmul op, y[n, rows] = x[n, cols]
+ * W^T for a few rows of x, on prepare_weight's arrangement (matmul_nvfp4.cu's file comment;
+ * the words as nvfp4_words.h unpacks them): the split kernel (n = 1..FP4S_ROWS_MAX; the
+ * default at n = 2) and the tile kernel (n = 1-2, SM70_NVFP4_VARIANT=8, not yet measured).
  *
- * What bound the dot kernel (ncu, docs/PERFORMANCE.md "NVFP4 at B1"): its own latency, not
- * memory. 106 registers (16 warps an SM), 4.1 instructions a weight in f32 chains, blocks of
- * one row tile whose 8 warps start behind a barrier (x staged in f32, a scale table built),
- * and 1.45 waves of blocks on a 6144-row matrix. This kernel changes each of those:
- * - Work is a task: one row tile's chunk of column steps, one warp a task. A tile's 64-column
- *   steps split into `split` chunks, chosen at launch so the tasks fill whole waves of
- *   resident warps (fp4s_split). Blocks of 4 warps held to 64 registers at B1 (32 warps an SM), no
- *   shared memory and no barrier; x is read through L1 (every warp reads the same x).
- * - Arithmetic in f16 pairs: a word's codes unpacked (e2m1 * 2^-14, exact), times the block
- *   scale t = e4m3 * 4 in one HMUL2 (e2m1 * e4m3 * 2^-12: a multiple of 2^-22 with at most 6
- *   significant bits, at most 0.66, exact in f16), then HFMA2 with x into a pair of f16 sums
- *   over the 16-column block (8 terms a half); the block's two halves go to f32 and into the
- *   lane's f32 sum. About 3 instructions a weight at B1 (the unpack is 11 a word of 8).
- * - The chunks of a tile meet in the backend's split scratch (gemv_part / gemv_count, which
- *   matmul.cu's split GEMVs share; the main stream only): a warp stores its tile's 16 row
- *   sums in its task's slot, and the last of the tile's warps to arrive adds the slots in
- *   chunk order and sets the counter back to zero. The sums do not depend on the order of
- *   arrival, so a call's output is the same bit for bit every time on a given GPU.
+ * Why. matmul_nvfp4.cu's dot kernel (n = 1) spends 4.1 instructions a weight in exact f32
+ * chains at 106 registers, and its WMMA path (n >= 2) decodes into shared memory for tensor
+ * cores that use a sixteenth of their width; ncu found both bound by their own latency, not
+ * memory (docs/PERFORMANCE.md, "NVFP4 at B1"). These kernels multiply in f16 pairs:
+ * - a word's codes unpacked (e2m1 * 2^-14, exact), times the block scale t = e4m3 * 4 in one
+ *   HMUL2 (e2m1 * e4m3 * 2^-12: a multiple of 2^-22 with at most 6 significant bits, at most
+ *   0.66, exact in f16), then HFMA2 with x into a pair of f16 sums over the 16-column block
+ *   (8 terms a half); the block's two halves go to f32 and into the lane's f32 sum. About 3
+ *   instructions a weight at n = 1 (the unpack is 11 a word of 8), and the decode is shared
+ *   by the rows of x.
+ * - the weights are loaded past L1 (ld.global.nc.L1::no_allocate): each byte is read once,
+ *   and in L1 it pushed x out (ncu: x's loads hit 75%).
+ *
+ * The split kernel: one warp a task, a task being one row tile's chunk of 64-column steps;
+ * the chunks a tile chosen at launch so the tasks fill whole waves of resident warps
+ * (fp4s_split; SM70_NVFP4_SPLIT forces it). Blocks of 4 warps at 64 registers at n = 1 (32
+ * warps an SM), 80 at n = 2-4; x read through L1 (variant 6) or from the block's copy in
+ * shared memory (variant 7, the default's). The chunks of a tile meet in the backend's split
+ * scratch (gemv_part / gemv_count, which matmul.cu's split GEMVs share; the main stream
+ * only): a warp stores its tile's 16 row sums in its task's slot, and the last of the
+ * tile's warps to arrive adds the slots in chunk order and sets the counter back to zero.
+ * The sums do not depend on the order of arrival, so a call's output is the same bit for
+ * bit every time on a given GPU. Measured on an H100: at n = 2 1.02-1.29x the WMMA path on
+ * every Qwen3-8B shape (lm_head at 89% of read bandwidth), so the default there; at n = 1
+ * slower than the dot kernel (its tasks are one short burst of loads each, ending in three
+ * L2 round trips), at n = 4 slower than WMMA (docs/PERFORMANCE.md, "NVFP4 at B1-B4").
  *
  * Numerics (the price of the f16 pairs; test_cuda_nvfp4 checks these bounds). A block half's
  * sum is one HMUL2 and 7 HFMA2, each rounding once to f16 (unit 2^-11), so against the exact
@@ -30,7 +38,7 @@
  * sums below 2^-14 round to multiples of 2^-24, an absolute error of at most 2^-25 a rounding
  * in units of 2^12 * scale2, at most cols * scale2 * 2^-13 in all. That floor matters only for
  * rows whose block scales are tiny against the matrix's (E4M3 subnormal scales): such rows
- * keep less relative precision here than on the exact dot kernel (SM70_NVFP4_VARIANT=2).
+ * keep less relative precision here than on WMMA's f32 sums (SM70_NVFP4_VARIANT=5 at n = 2).
  * Overflow: one product never overflows (|w| <= 0.66, |x| <= 65504); a block half of 8 terms
  * overflows only if its terms pass 65504 together (x above ~12000 on all of them at the
  * largest weights).
