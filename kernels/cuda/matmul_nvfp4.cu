@@ -44,7 +44,8 @@
  *   so rows of tiny scales keep their full relative precision.
  * Nothing here needs FP4/FP8 hardware: bit operations, f16 and f32 arithmetic only.
  *
- * Kernels, by batch size (SM70_NVFP4_VARIANT overrides the choice, see below):
+ * Kernels, by batch size (SM70_NVFP4_VARIANT overrides the choice, see below; by default
+ * the dot kernel at n = 1, the split kernel of matmul_nvfp4_split.cu at n = 2, WMMA from 3):
  * - n <= 4: fp4_dot_kernel, no tensor cores. A block takes T row tiles (T = 2 on matrices
  *   tall enough to still give two blocks an SM, else 1) and its 8 warps split the column
  *   steps, as below; lane l multiplies its 32 columns of row l / 2 of
@@ -692,9 +693,8 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 	const size_t most = c->smem_optin < FP4_DOT_SMEM_MAX ? c->smem_optin : FP4_DOT_SMEM_MAX;
 	const int t2 = v == 3 || (v != 2 && (w->rows + 31) / 32 >= 2 * c->n_sm);
 
-	/* auto: the dot kernel at n = 1 only; from n = 2 WMMA measured as fast or faster
-	 * (docs/PERFORMANCE.md, "NVFP4 GEMV"). Batch invariance: WMMA at every n (its
-	 * output column depends on its x row alone; the dot kernel sums in another order) */
+	/* Batch invariance: WMMA at every n (its output column depends on its x row alone; the
+	 * dot and f16-sum kernels sum in other orders). */
 	/* the split kernel (matmul_nvfp4_split.cu): variants 6 and 7 up to its rows of x, x
 	 * through L1 or in shared memory; auto at n = 2, x in shared memory (measured 1.02-1.29x
 	 * WMMA's speed there on the 8B shapes, and slower than the dot kernel at n = 1 and than
@@ -705,6 +705,8 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 	/* variant 8: the tile kernel (matmul_nvfp4_split.cu) at n = 1-2; built, not measured */
 	if (!c->be.batch_invariant && v == 8 && sm70__cuda_fp4_tile(c, y, y_f32, x, w, n))
 		return;
+	/* auto: the dot kernel at n = 1 only; from n = 3 WMMA measured as fast or faster
+	 * (docs/PERFORMANCE.md, "NVFP4 GEMV") */
 	if (c->be.batch_invariant || n > FP4_DOT_ROWS_MAX || v == 1 ||
 	    ((v == 0 || v >= 4) && n > 1) || fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {
 		fp4_wmma_dispatch(c, y, y_f32, x, w, n);
