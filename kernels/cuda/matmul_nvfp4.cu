@@ -705,8 +705,9 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 	/* variant 8: the tile kernel (matmul_nvfp4_split.cu) at n = 1-2; built, not measured */
 	if (!c->be.batch_invariant && v == 8 && sm70__cuda_fp4_tile(c, y, y_f32, x, w, n))
 		return;
-	/* auto: the dot kernel at n = 1 only; from n = 3 WMMA measured as fast or faster
-	 * (docs/PERFORMANCE.md, "NVFP4 GEMV") */
+	/* auto: the dot kernel at n = 1 only, WMMA from n = 3 (it measured as fast as the dot
+	 * kernel or faster from n = 2, docs/PERFORMANCE.md "NVFP4 GEMV", and faster than the
+	 * split kernel at n = 4; n = 3 was not timed against the split kernel) */
 	if (c->be.batch_invariant || n > FP4_DOT_ROWS_MAX || v == 1 ||
 	    ((v == 0 || v >= 4) && n > 1) || fp4_dot_smem(n, t2 ? 2 : 1, w->cols) > most) {
 		fp4_wmma_dispatch(c, y, y_f32, x, w, n);
