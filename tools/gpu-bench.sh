@@ -6,7 +6,8 @@
 # variant given, one process per setting. Every figure is printed with the bandwidth
 # measured in the same run; logs go to $OUT (or ./gpu-bench-out).
 #
-#   BUILD_DIR=/tmp/b tools/gpu-bench.sh [--quick | --nvfp4 8b|27b|qwen4] [--variant 'VAR=VALUE ...']...
+#   BUILD_DIR=/tmp/b tools/gpu-bench.sh [--quick | --nvfp4 8b|27b|qwen4 | --transformers MODEL]
+#                                       [--variant 'VAR=VALUE ...']...
 #
 # --quick: B1 and B16 at 1K only, and no kernel benches (about two minutes).
 # --nvfp4 SHAPE: the NVFP4 measurement of one bench shape, sized for one device call of
@@ -14,12 +15,17 @@
 # 1K and 16K, the f16 config once and the NVFP4 one on every setting (default, the NVFP4
 # path back SM70_NVFP4_VARIANT=5, and any --variant). The f16 27b and qwen4 configs need
 # an H200's memory.
+# --transformers MODEL (a tools/bench directory name, e.g. qwen3-8b): sm70's decode at
+# B1/B8/B16 on 1K and 16K, then compiled transformers (tools/bench_transformers.py
+# --compile: StaticCache, torch.compile reduce-overhead) on the same shapes, one process a
+# batch size so each compile's time stays under its timeout.
 # Run from the repository root on the GPU machine (tools/gpu-pack.sh makes BUILD_DIR).
 set -u
 B=${BUILD_DIR:-build}
 O=${OUT:-gpu-bench-out}
 quick=0
 nvfp4=""
+tf=""
 variants="-
 SM70_PDL=0 SM70_GEMV_SPLIT=0 SM70_GEMV_WARPS=8"
 while [ $# -gt 0 ]; do
@@ -28,9 +34,11 @@ while [ $# -gt 0 ]; do
 	--nvfp4) shift; nvfp4=${1:-}
 		variants="-
 SM70_NVFP4_VARIANT=5" ;;
+	--transformers) shift; tf=${1:-}; variants="-" ;;
 	--variant) shift; variants="$variants
 $1" ;;
-	*) echo "usage: $0 [--quick | --nvfp4 8b|27b|qwen4] [--variant 'VAR=VALUE ...']..." >&2
+	*) echo "usage: $0 [--quick | --nvfp4 8b|27b|qwen4 | --transformers MODEL]" \
+		"[--variant 'VAR=VALUE ...']..." >&2
 		exit 2 ;;
 	esac
 	shift
@@ -54,6 +62,18 @@ each() {
 	done
 }
 D="$B/bin/sm70-bench decode --load-format dummy --bw-gbs $BW"
+if [ -n "$tf" ]; then
+	[ -d "tools/bench/$tf" ] || { echo "gpu-bench: no tools/bench/$tf" >&2; exit 2; }
+	each "$tf" timeout 180 $D -m "tools/bench/$tf" --batch 1,8,16 --ctx 1024,16384 --steps 32 \
+		--kv-gib 40
+	for b in 1 8 16; do
+		PYTHONUNBUFFERED=1 timeout 200 python3 tools/bench_transformers.py -m "tools/bench/$tf" \
+			--batch "$b" --ctx 1024,16384 --steps 32 --compile > "$O/transformers.$b.log" 2>&1
+		echo "== transformers compiled, batch $b (rc $?)"
+		grep -E '^ +[0-9]+ +[0-9]+ ' "$O/transformers.$b.log"
+	done
+	exit 0
+fi
 if [ -n "$nvfp4" ]; then
 	case "$nvfp4" in
 	8b) m=qwen3-8b; t=120; a="--steps 32 --kv-gib 40" ;;
