@@ -155,6 +155,29 @@ static __device__ __forceinline__ void fp4s_store(void *y, int y_f32, size_t at,
 		((__half *)y)[at] = __float2half_rn(v);
 }
 
+/* A lane's first PF steps of [s0, s1) into wr / sr (none when !live). */
+template <int PF>
+static __device__ __forceinline__ void fp4s_first(uint4 wr[PF], uint32_t sr[PF], const uint4 *cp,
+						  const uint16_t *sp, int s0, int s1, bool live)
+{
+#pragma unroll
+	for (int d = 0; d < PF; d++) {
+		if (live && s0 + d < s1) {
+			wr[d] = fp4s_ld_codes(cp + (size_t)(s0 + d) * 32);
+			sr[d] = fp4s_ld_scales(sp + (size_t)(s0 + d) * 32);
+		}
+	}
+}
+
+/* The block's copy of x's NR rows (contiguous: NR * cols / 8 16-byte pieces) in xs; the
+ * caller's barrier makes it visible. */
+template <int NR>
+static __device__ __forceinline__ void fp4s_stage_x(__half *xs, const __half *x, int cols)
+{
+	for (int e = threadIdx.x; e < NR * cols / 8; e += blockDim.x)
+		((uint4 *)xs)[e] = __ldg((const uint4 *)x + e);
+}
+
 /*
  * A lane's steps [s, s1) of its tile (codes at cp, scales at sp, its x columns at xl), the
  * first PF already in wr / sr: each step multiplied into acc as it is used, and the step PF
@@ -217,21 +240,14 @@ static __global__ void __launch_bounds__(FP4S_WARPS * 32, FP4S_MINB(NR))
 
 	if (!XS && !live)
 		return;
-#pragma unroll
-	for (int d = 0; d < PF; d++) {
-		if (live && s0 + d < s1) {
-			wr[d] = fp4s_ld_codes(cp + (size_t)(s0 + d) * 32);
-			sr[d] = fp4s_ld_scales(sp + (size_t)(s0 + d) * 32);
-		}
-	}
+	fp4s_first<PF>(wr, sr, cp, sp, s0, s1, live);
 #pragma unroll
 	for (int i = 0; i < NR; i++)
 		acc[i] = 0.0f;
 	/* codes and scales are weights (pdl.h): x waits for the op ahead */
 	sm70__pdl_enter();
-	if (XS) { /* x's NR rows are contiguous: NR * cols / 8 16-byte pieces */
-		for (int e = threadIdx.x; e < NR * cols / 8; e += FP4S_WARPS * 32)
-			((uint4 *)fp4s_xs)[e] = __ldg((const uint4 *)x + e);
+	if (XS) {
+		fp4s_stage_x<NR>(fp4s_xs, x, cols);
 		__syncthreads();
 		if (!live)
 			return;
@@ -415,20 +431,13 @@ static __global__ void __launch_bounds__(FP4T_THREADS_MAX, FP4T_MINB)
 	uint32_t sr[PF];
 	float acc[NR];
 
-#pragma unroll
-	for (int d = 0; d < PF; d++) {
-		if (s0 + d < s1) {
-			wr[d] = fp4s_ld_codes(cp + (size_t)(s0 + d) * 32);
-			sr[d] = fp4s_ld_scales(sp + (size_t)(s0 + d) * 32);
-		}
-	}
+	fp4s_first<PF>(wr, sr, cp, sp, s0, s1, true);
 #pragma unroll
 	for (int i = 0; i < NR; i++)
 		acc[i] = 0.0f;
 	/* codes and scales are weights (pdl.h): x waits for the op ahead */
 	sm70__pdl_enter();
-	for (int e = threadIdx.x; e < NR * cols / 8; e += blockDim.x)
-		((uint4 *)xs)[e] = __ldg((const uint4 *)x + e);
+	fp4s_stage_x<NR>(xs, x, cols);
 	__syncthreads();
 	fp4s_walk<NR, PF, true>(wr, sr, cp, sp, xs + half * 32, s0, s1, full, cols, half, acc);
 #pragma unroll
