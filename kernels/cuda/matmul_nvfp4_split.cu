@@ -79,14 +79,15 @@ static __device__ __forceinline__ void fp4s_scales(uint32_t s16, __half2 *lo, __
 }
 
 /* Weight loads that skip L1 (each byte is read once; kept out of L1 they do not push x out
- * of it), read-only. */
+ * of it), read-only. volatile: the callers guard them with the step range, and an asm the
+ * compiler took for free of effects could be hoisted past that guard, past the end of W. */
 static __device__ __forceinline__ uint4 fp4s_ld_codes(const uint4 *p)
 {
 	uint4 v;
 
-	asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-	    : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-	    : "l"(p));
+	asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+		     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+		     : "l"(p));
 	return v;
 }
 
@@ -94,7 +95,7 @@ static __device__ __forceinline__ uint32_t fp4s_ld_scales(const uint16_t *p)
 {
 	unsigned short v;
 
-	asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+	asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
 	return v;
 }
 
