@@ -48,11 +48,12 @@
 #define TOL_F16 6e-4
 
 /*
- * The f16-sum kernels (variants 6-8, and auto at two rows of x) sum each 16-column block in f16 pairs, 8 terms a half, each
- * rounding once: |err| <= 8 * 2^-11 of the terms' size (sum over k of |x_k w_k|), plus the
- * f16 underflow floor cols * scale2 * 2^-13 (matmul_nvfp4_split.cu's file comment), plus an
- * f16 output's rounding. Every output is checked against that bound; the worst ratio of
- * error to terms' size is printed (random roundings keep it well under the bound).
+ * The f16-sum kernels (variants 6-8, and auto at two rows of x) sum each 16-column block
+ * in f16 pairs, 8 terms a half, each rounding once: |err| <= 8 * 2^-11 of the terms' size
+ * (sum over k of |x_k w_k|), plus the f16 underflow floor cols * scale2 * 2^-13
+ * (matmul_nvfp4_split.cu's file comment), plus an f16 output's rounding. Every output is
+ * checked against that bound; the worst ratio of error to terms' size is printed (random
+ * roundings keep it well under the bound).
  */
 #define TOL_SPLIT (8.0 / 2048.0)
 
@@ -73,15 +74,20 @@ static struct sm70_backend *var_be(int i)
 	return i ? gpu_var[i] : gpu;
 }
 
-/* Whether be runs n rows of x on an f16-sum kernel: F16SUM_ROWS, and auto (variant 0) at
- * 2 (matmul_nvfp4.cu's fp4_dispatch). */
+/* Whether be runs some of n rows of x on an f16-sum kernel: F16SUM_ROWS, and auto (variant
+ * 0) at 2 (matmul_nvfp4.cu's fp4_dispatch). Past 16 rows the op takes slices of 16, so the
+ * last slice's rows decide; the f16 bound then covers the f32 slices' outputs too. */
 static int is_split(const struct sm70_backend *be, int n)
 {
+	const int last = n > 16 ? n % 16 : n;
+
+	if (last == 0)
+		return 0;
 	if (be == gpu)
-		return n == 2;
+		return last == 2;
 	for (int i = 1; i < N_VARIANTS; i++)
 		if (gpu_var[i] == be)
-			return n <= F16SUM_ROWS(variants[i]);
+			return last <= F16SUM_ROWS(variants[i]);
 	return 0;
 }
 
