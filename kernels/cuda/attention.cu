@@ -590,31 +590,16 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 template <int D, bool KF8, bool VF8, int TP, int NPF>
 static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_tokens, int max_pos)
 {
-	/* per process: the first device's answers (a process drives one kind of GPU) */
-	/* per device: the shared-memory attribute must be set on each GPU (tensor parallelism
-	 * drives several from one process); slot = resident blocks + 1, 0 until known */
-	static int resident_of[64];
-	int &slot = resident_of[c->device & 63];
-	int resident = slot - 1;
 	const size_t smem = tcl<D, TP>::bytes;
 	const long blocks = (long)n_tokens * a.n_kv;
+	int resident;
 
 	if (a.group > 16 || smem > c->smem_optin)
 		return -ENOSPC;
-	if (resident < 0) {
-		int r = 0;
-
-		if (SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
-						    attn_tc_kernel<D, KF8, VF8, TP, NPF>,
-						    cudaFuncAttributeMaxDynamicSharedMemorySize,
-						    (int)smem)) ||
-		    SM70_CUDA_CHECK(&c->be, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-						    &r, attn_tc_kernel<D, KF8, VF8, TP, NPF>,
-						    TC_THREADS, smem)))
-			return -EIO;
-		resident = r;
-		slot = r + 1;
-	}
+	resident = sm70__cuda_resident(c, (const void *)attn_tc_kernel<D, KF8, VF8, TP, NPF>,
+				       TC_THREADS, smem);
+	if (c->sticky)
+		return -EIO;
 	if (resident < 1)
 		return -ENOSPC;
 	/* Split positions until the blocks fill every SM's resident slots once (never more:
@@ -983,12 +968,8 @@ static int attn_prefill_launch(struct sm70__cuda *c, const struct pf_args &a)
 
 	if (smem > c->smem_optin)
 		return -ENOSPC;
-	/* every call (cheap, host side): the attribute is per device */
 	if (smem > 48 * 1024 &&
-	    SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
-					    attn_prefill_kernel<D, KF8, VF8, TP>,
-					    cudaFuncAttributeMaxDynamicSharedMemorySize,
-					    (int)smem)))
+	    sm70__cuda_smem_optin(c, (const void *)attn_prefill_kernel<D, KF8, VF8, TP>))
 		return -EIO;
 	attn_prefill_kernel<D, KF8, VF8, TP><<<dim3((unsigned)a.n_tiles, (unsigned)a.n_kv),
 					       TC_THREADS, smem, c->stream>>>(a);

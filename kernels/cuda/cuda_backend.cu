@@ -178,6 +178,60 @@ const void *sm70__cuda_host_ptr(const struct sm70__cuda *c, const void *p)
 	return p;
 }
 
+/* The remembered fact for (fn, threads, smem), or NULL: a linear search, since a process
+ * launches a few dozen kernel instances. */
+static struct sm70__cuda_kernel_fact *kernel_fact(struct sm70__cuda *c, const void *fn,
+						  int threads, size_t smem)
+{
+	for (int i = 0; i < c->n_kernel_facts; i++) {
+		struct sm70__cuda_kernel_fact *f = &c->kernel_facts[i];
+
+		if (f->fn == fn && f->threads == threads && f->smem == smem)
+			return f;
+	}
+	return NULL;
+}
+
+static void remember_fact(struct sm70__cuda *c, const void *fn, int threads, size_t smem,
+			  int blocks)
+{
+	if (c->n_kernel_facts < SM70__CUDA_KERNEL_FACTS)
+		c->kernel_facts[c->n_kernel_facts++] =
+			(struct sm70__cuda_kernel_fact){ fn, threads, smem, blocks };
+}
+
+int sm70__cuda_smem_optin(struct sm70__cuda *c, const void *fn)
+{
+	struct cudaFuncAttributes fa;
+
+	if (kernel_fact(c, fn, 0, 0))
+		return 0;
+	/* static shared memory counts against the opt-in limit too */
+	if (SM70_CUDA_CHECK(&c->be, cudaFuncGetAttributes(&fa, fn)) ||
+	    SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
+					    fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					    (int)(c->smem_optin - fa.sharedSizeBytes))))
+		return -EIO;
+	remember_fact(c, fn, 0, 0, 1);
+	return 0;
+}
+
+int sm70__cuda_resident(struct sm70__cuda *c, const void *fn, int threads, size_t smem)
+{
+	const struct sm70__cuda_kernel_fact *f = kernel_fact(c, fn, threads, smem);
+	int blocks = 0;
+
+	if (f)
+		return f->blocks;
+	if (smem > 48 * 1024 && sm70__cuda_smem_optin(c, fn))
+		return 0;
+	if (SM70_CUDA_CHECK(&c->be, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+					    &blocks, fn, threads, smem)))
+		return 0;
+	remember_fact(c, fn, threads, smem, blocks);
+	return blocks;
+}
+
 static int cuda_sync(struct sm70_backend *be)
 {
 	struct sm70__cuda *c = sm70__cuda_enter(be);
@@ -403,6 +457,7 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	c->device = device;
 	c->n_sm = prop.multiProcessorCount;
 	c->smem_optin = prop.sharedMemPerBlockOptin;
+	c->smem_sm = prop.sharedMemPerMultiprocessor;
 	if (cudaDeviceGetAttribute(&c->host_ptr_direct,
 				   cudaDevAttrCanUseHostPointerForRegisteredMem, device) !=
 	    cudaSuccess) {

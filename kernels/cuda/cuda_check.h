@@ -61,12 +61,26 @@ struct sm70__cuda_host_reg {
 	const char *dev;
 };
 
+/* Kernel instances whose launch facts (shared memory opt-in, blocks an SM holds) a backend
+ * remembers; past this many they are asked again at each launch, which is only slower. */
+#define SM70__CUDA_KERNEL_FACTS 256
+
+/* One remembered fact: threads 0 marks fn's shared memory opt-in (blocks 1: done). */
+struct sm70__cuda_kernel_fact {
+	const void *fn;
+	int threads;
+	size_t smem;
+	int blocks;
+};
+
 /* The backend's private state (be->priv). */
 struct sm70__cuda {
 	struct sm70_backend be;
 	int device;
 	int n_sm;                 /* multiprocessors, for sizing grids */
 	size_t smem_optin;        /* most dynamic shared memory one block may ask for */
+	size_t smem_sm;           /* shared memory of an SM; each block also takes 1 KB of it
+				   * for the driver (ncu: "Driver Shared Memory Per Block") */
 	cudaStream_t stream;      /* every op and copy is queued here */
 	cudaStream_t main;        /* stream outside a side section (side_stream.cu) */
 	cudaStream_t side;        /* stream inside one */
@@ -94,6 +108,8 @@ struct sm70__cuda {
 	int host_ptr_direct;      /* registered host memory is read through its own address */
 	int n_host_regs;          /* used entries of host_regs (host_ptr_direct 0 only) */
 	struct sm70__cuda_host_reg host_regs[SM70__CUDA_HOST_REGS];
+	int n_kernel_facts;
+	struct sm70__cuda_kernel_fact kernel_facts[SM70__CUDA_KERNEL_FACTS];
 };
 
 /* The private state of a CUDA backend, with its device made current for this thread (a
@@ -111,6 +127,16 @@ static inline struct sm70__cuda *sm70__cuda_enter(struct sm70_backend *be)
  * remembered range is returned as it is (device memory, say). Defined in
  * cuda_backend.cu. */
 const void *sm70__cuda_host_ptr(const struct sm70__cuda *c, const void *p);
+
+/* Lets kernel fn take all the dynamic shared memory a block may have beside its static
+ * part (cudaFuncAttributeMaxDynamicSharedMemorySize: needed past 48 KB), once per backend.
+ * 0 or -EIO. Defined in cuda_backend.cu, as is the next. */
+int sm70__cuda_smem_optin(struct sm70__cuda *c, const void *fn);
+
+/* Blocks of `threads` threads with `smem` dynamic shared bytes that one SM holds of kernel
+ * fn (its registers, static and dynamic shared memory), opted in first where smem is past
+ * 48 KB; asked once per backend and kept. 0 on a CUDA error (recorded) or when none fits. */
+int sm70__cuda_resident(struct sm70__cuda *c, const void *fn, int threads, size_t smem);
 
 /* Logs "file:line: call: msg" and records the sticky error in be (be may be NULL while
  * the backend is being made). Defined in cuda_backend.cu. */

@@ -743,11 +743,7 @@ static int chunk_launch(struct sm70__cuda *c, const struct gdn_args &a, int n_ch
 
 	if (smem > c->smem_optin)
 		return -ENOSPC;
-	/* every call (cheap, host side): the attribute is per device */
-	if (smem > 48 * 1024 &&
-	    SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(gdn_chunk_kernel<DK>,
-							 cudaFuncAttributeMaxDynamicSharedMemorySize,
-							 (int)smem)))
+	if (smem > 48 * 1024 && sm70__cuda_smem_optin(c, (const void *)gdn_chunk_kernel<DK>))
 		return -EIO;
 	gdn_chunk_kernel<DK><<<dim3((unsigned)(a.dv / CJ), (unsigned)a.n_v, (unsigned)n_chunks),
 			       CH_THREADS, smem, c->stream>>>(a);

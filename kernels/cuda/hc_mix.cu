@@ -220,10 +220,7 @@ extern "C" int sm70__cuda_hc_mix(struct sm70_backend *be, void *y, float *inj, v
 	    mix->cols != streams * dim || mix->rows < width || up->rows != streams * dim ||
 	    up->cols != rank || (size_t)dim * 2 > c->smem_optin)
 		return -ENOTSUP;
-	if (dim * 2 > 48 * 1024 &&
-	    SM70_CUDA_CHECK(be, cudaFuncSetAttribute(hc_mix_down_kernel,
-						     cudaFuncAttributeMaxDynamicSharedMemorySize,
-						     dim * 2)))
+	if (dim * 2 > 48 * 1024 && sm70__cuda_smem_optin(c, (const void *)hc_mix_down_kernel))
 		return -EIO;
 	sm70__launch_pdl(c, SM70__PDL_HC, hc_mix_down_kernel,
 			 dim3((unsigned)((width + DOWN_ROWS - 1) / DOWN_ROWS), (unsigned)streams),

@@ -511,34 +511,19 @@ static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 	/* Three steps ahead when registers allow: a 4096-row matrix gives an SM only two
 	 * blocks, so each warp must keep more bytes in flight. (SILU at NI = 2 would spill.) */
 	constexpr int PF = MT == 1 && NI <= (SILU ? 1 : 2) ? 3 : 2;
-	static uint64_t attr_set; /* a bit per device: the attribute is per device */
 	const size_t smem = WARPS * tc_warp<MT>::bytes;
-	const uint64_t bit = 1ull << (c->device & 63);
+	const int tiles = (rows + 16 * MT - 1) / (16 * MT);
+	const int res = sm70__cuda_resident(
+		c, (const void *)gemv_tc_kernel<MT, NI, WARPS, PF, SILU>, WARPS * 32, smem);
 
-	if (smem > 48 * 1024 && !(attr_set & bit)) {
-		if (SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
-						    gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
-						    cudaFuncAttributeMaxDynamicSharedMemorySize,
-						    (int)smem)))
-			return;
-		attr_set |= bit;
-	}
-	{
-		static int resident[64]; /* blocks an SM holds, per device (0: not asked yet) */
-		const int tiles = (rows + 16 * MT - 1) / (16 * MT);
-		int *res = &resident[c->device & 63], sp;
+	int sp;
 
-		if (!*res &&
-		    SM70_CUDA_CHECK(&c->be, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-						    res, gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
-						    WARPS * 32, smem)))
-			return;
-		sp = gemv_split(c, tiles, *res * c->n_sm, (cols + TC_KS - 1) / TC_KS, WARPS, MT,
-				SILU);
-		sm70__launch_pdl(c, SM70__PDL_PREFETCH, gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
-				 dim3((unsigned)tiles, (unsigned)sp), dim3(WARPS * 32), smem, y,
-				 y_f32, x, w, rows, cols, n, c->gemv_part, c->gemv_count);
-	}
+	if (c->sticky)
+		return;
+	sp = gemv_split(c, tiles, res * c->n_sm, (cols + TC_KS - 1) / TC_KS, WARPS, MT, SILU);
+	sm70__launch_pdl(c, SM70__PDL_PREFETCH, gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
+			 dim3((unsigned)tiles, (unsigned)sp), dim3(WARPS * 32), smem, y, y_f32, x,
+			 w, rows, cols, n, c->gemv_part, c->gemv_count);
 }
 
 /* Warps per block. By default (auto) 4 for the plain GEMVs of one tile a warp and up to 8

@@ -588,19 +588,11 @@ template <int MT, int NI>
 static void fp4_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
 		       const struct sm70_weight *w, int n)
 {
-	static uint64_t attr_set; /* a bit per device: the attribute is per device */
 	const size_t smem = FP4_WARPS * fp4_stage<MT>::bytes;
-	const uint64_t bit = 1ull << (c->device & 63);
 	const int n_tiles = (w->rows + 15) / 16;
 
-	if (smem > 48 * 1024 && !(attr_set & bit)) {
-		if (SM70_CUDA_CHECK(&c->be,
-				    cudaFuncSetAttribute(fp4_gemv_kernel<MT, NI>,
-							 cudaFuncAttributeMaxDynamicSharedMemorySize,
-							 (int)smem)))
-			return;
-		attr_set |= bit;
-	}
+	if (smem > 48 * 1024 && sm70__cuda_smem_optin(c, (const void *)fp4_gemv_kernel<MT, NI>))
+		return;
 	sm70__launch_pdl(c, SM70__PDL_NVFP4, fp4_gemv_kernel<MT, NI>, dim3((n_tiles + MT - 1) / MT),
 			 dim3(FP4_WARPS * 32), smem, y, y_f32, x, (const uint4 *)w->data,
 			 (const uint16_t *)w->scale, w->rows, w->cols, n, 128.0f * w->scale2,
@@ -632,19 +624,12 @@ template <int NR, int T, int PF, int MINB = 2>
 static void fp4_dot_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
 			   const struct sm70_weight *w)
 {
-	static uint64_t attr_set; /* a bit per device */
 	const size_t smem = fp4_dot_smem(NR, T, w->cols);
-	const uint64_t bit = 1ull << (c->device & 63);
 	const int n_tiles = (w->rows + 15) / 16, blocks = (n_tiles + T - 1) / T;
 
-	if (smem > 48 * 1024 && !(attr_set & bit)) {
-		if (SM70_CUDA_CHECK(&c->be,
-				    cudaFuncSetAttribute(fp4_dot_kernel<NR, T, PF, MINB>,
-							 cudaFuncAttributeMaxDynamicSharedMemorySize,
-							 (int)c->smem_optin)))
-			return;
-		attr_set |= bit;
-	}
+	if (smem > 48 * 1024 &&
+	    sm70__cuda_smem_optin(c, (const void *)fp4_dot_kernel<NR, T, PF, MINB>))
+		return;
 	sm70__launch_pdl(c, SM70__PDL_PREFETCH, fp4_dot_kernel<NR, T, PF, MINB>, dim3(blocks),
 			 dim3(FP4_WARPS * 32), smem, y, y_f32, x, (const uint4 *)w->data,
 			 (const uint16_t *)w->scale, w->rows, w->cols, w->scale2, w->row_scale2);
@@ -669,18 +654,12 @@ static void fp4_dot_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __h
  * shape's 384, the two-tile blocks of gate_up and lm_head), 14-24% slower where two an SM
  * already hold them all (it only halves the prefetch there). Three must fit the SM's
  * shared memory (x in f32 grows with cols). */
-static int fp4_dot3_pays(struct sm70__cuda *c, const struct sm70_weight *w, int t)
+static int fp4_dot3_pays(const struct sm70__cuda *c, const struct sm70_weight *w, int t)
 {
-	static int smem_sm[64]; /* per device, bytes; 0: not asked yet */
-	int &sm = smem_sm[c->device & 63];
 	const long blocks = ((w->rows + 15) / 16 + t - 1) / t;
 
-	if (sm == 0 && SM70_CUDA_CHECK(&c->be, cudaDeviceGetAttribute(
-						       &sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
-						       c->device)))
-		return 0;
-	/* 1 KB a block is the driver's own (ncu: "Driver Shared Memory Per Block") */
-	return blocks > 2L * c->n_sm && 3 * (fp4_dot_smem(1, t, w->cols) + 1024) <= (size_t)sm;
+	/* 1 KB a block is the driver's own */
+	return blocks > 2L * c->n_sm && 3 * (fp4_dot_smem(1, t, w->cols) + 1024) <= c->smem_sm;
 }
 
 /* One launch for n <= FP4_ROWS_MAX rows of x, by SM70_NVFP4_VARIANT (the file comment):

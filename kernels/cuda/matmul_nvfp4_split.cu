@@ -352,47 +352,17 @@ static int fp4s_split(const struct sm70__cuda *c, int n_tiles, int nsteps, int s
 	return best;
 }
 
-/* The blocks an SM holds: the register limit of the instance (asked once per device),
- * then the shared memory of x (XS). */
-template <int NR, bool XS>
-static int fp4s_resident(struct sm70__cuda *c, size_t smem)
-{
-	static int regs[64], smem_sm[64]; /* per device; 0: not asked yet */
-	int *res = &regs[c->device & 63], *sm = &smem_sm[c->device & 63];
-	int n;
-
-	if (!*res && SM70_CUDA_CHECK(&c->be, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-					      res, fp4_split_kernel<NR, FP4S_PF(NR), XS>,
-					      FP4S_WARPS * 32, 0)))
-		return 0;
-	if (!*sm && SM70_CUDA_CHECK(&c->be, cudaDeviceGetAttribute(
-					     sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, c->device)))
-		return 0;
-	/* 1 KB a block is the driver's own */
-	n = smem ? (int)((size_t)*sm / (smem + 1024)) : *res;
-	return n < *res ? n : *res;
-}
-
 template <int NR, bool XS>
 static void fp4s_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
 			const struct sm70_weight *w)
 {
-	static uint64_t attr_set; /* a bit per device: the attribute is per device */
-	const uint64_t bit = 1ull << (c->device & 63);
 	const int n_tiles = (w->rows + 15) / 16, nsteps = (w->cols + FP4_KS - 1) / FP4_KS;
 	const size_t smem = XS ? (size_t)NR * w->cols * sizeof(__half) : 0;
-	int split, res;
+	const int res = sm70__cuda_resident(c, (const void *)fp4_split_kernel<NR, FP4S_PF(NR), XS>,
+					    FP4S_WARPS * 32, smem);
+	int split;
 	long tasks;
 
-	if (smem > 48 * 1024 && !(attr_set & bit)) {
-		if (SM70_CUDA_CHECK(&c->be,
-				    cudaFuncSetAttribute(fp4_split_kernel<NR, FP4S_PF(NR), XS>,
-							 cudaFuncAttributeMaxDynamicSharedMemorySize,
-							 (int)c->smem_optin)))
-			return;
-		attr_set |= bit;
-	}
-	res = fp4s_resident<NR, XS>(c, smem);
 	if (!res)
 		return;
 	split = fp4s_split(c, n_tiles, nsteps, res * FP4S_WARPS * c->n_sm, NR);
@@ -477,22 +447,15 @@ template <int NR>
 static int fp4t_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
 		       const struct sm70_weight *w)
 {
-	static uint64_t attr_set; /* a bit per device: the attribute is per device */
-	const uint64_t bit = 1ull << (c->device & 63);
 	const int n_tiles = (w->rows + 15) / 16, nsteps = (w->cols + FP4_KS - 1) / FP4_KS;
 	const int nw = fp4t_warps(c, n_tiles, nsteps);
 	const size_t smem = (size_t)nw * NR * 16 * sizeof(float) + (size_t)NR * w->cols * 2;
 
 	if (smem > c->smem_optin)
 		return 0;
-	if (smem > 48 * 1024 && !(attr_set & bit)) {
-		if (SM70_CUDA_CHECK(&c->be,
-				    cudaFuncSetAttribute(fp4_tile_kernel<NR, FP4S_PF(NR)>,
-							 cudaFuncAttributeMaxDynamicSharedMemorySize,
-							 (int)c->smem_optin)))
-			return 1;
-		attr_set |= bit;
-	}
+	if (smem > 48 * 1024 &&
+	    sm70__cuda_smem_optin(c, (const void *)fp4_tile_kernel<NR, FP4S_PF(NR)>))
+		return 1;
 	sm70__launch_pdl(c, SM70__PDL_PREFETCH, fp4_tile_kernel<NR, FP4S_PF(NR)>,
 			 dim3((unsigned)n_tiles), dim3((unsigned)nw * 32), smem, y, y_f32, x,
 			 (const uint4 *)w->data, (const uint16_t *)w->scale, w->rows, w->cols,

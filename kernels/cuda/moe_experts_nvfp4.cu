@@ -378,8 +378,6 @@ static void fx_launch(struct sm70__cuda *c, struct fx_args a, int slots, int ks,
 {
 	const int per_tile = MODE == FX_GATE_UP ? 8 : 16, warps_sm = FX_WARPS_SM(PF);
 	const int groups = ((a.rows + per_tile - 1) / per_tile + RT - 1) / RT;
-	static uint64_t attr_set; /* a bit per device: the attribute is per device */
-	const uint64_t bit = 1ull << (c->device & 63);
 	int resident, gx;
 
 	if (forced)
@@ -396,16 +394,9 @@ static void fx_launch(struct sm70__cuda *c, struct fx_args a, int slots, int ks,
 	if (RT * ks > warps_sm)
 		ks = warps_sm / RT;
 	a.ks = ks;
-	/* past 48 KB of stages a block must opt in: once, for the most any split of this
-	 * instance asks (12 or 16 warps' stages, 54 or 72 KB) */
-	if (RT * ks * FX_WARP_BYTES > 48 * 1024 && !(attr_set & bit)) {
-		if (SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
-						    fx_grouped_kernel<MODE, NI, RT, PF>,
-						    cudaFuncAttributeMaxDynamicSharedMemorySize,
-						    (int)(warps_sm * FX_WARP_BYTES))))
-			return;
-		attr_set |= bit;
-	}
+	if (RT * ks * FX_WARP_BYTES > 48 * 1024 &&
+	    sm70__cuda_smem_optin(c, (const void *)fx_grouped_kernel<MODE, NI, RT, PF>))
+		return;
 	resident = warps_sm / (RT * ks) * c->n_sm;
 	gx = (groups + most - 1) / most;
 	if (gx < (resident + slots - 1) / slots)

@@ -413,11 +413,7 @@ extern "C" void sm70__cuda_qsa_select(struct sm70_backend *be, int32_t *sel, int
 					"indexer q and key tile exceed shared memory");
 			return;
 		}
-		if (smem > 48 * 1024 &&
-		    SM70_CUDA_CHECK(be, cudaFuncSetAttribute(
-						qsa_score_kernel,
-						cudaFuncAttributeMaxDynamicSharedMemorySize,
-						(int)smem)))
+		if (smem > 48 * 1024 && sm70__cuda_smem_optin(c, (const void *)qsa_score_kernel))
 			return;
 		qsa_score_kernel<<<dim3((unsigned)b->n_tokens, (unsigned)score_tiles),
 				   SCORE_THREADS, smem, c->stream>>>(a);

@@ -1273,9 +1273,6 @@ sample_ref_kernel(struct sm70_sample_result *out, const float *__restrict__ logi
 
 /* ---- launchers ---------------------------------------------------------------------- */
 
-/* The dynamic shared memory limit set on sample_kernel, per device (0: the default). */
-static int sample_smem_limit[64];
-
 /* Blocks per row for b rows: a power of two with b * P <= SMs (all resident at once, one
  * block per SM), slices of at least 1024 logits, at most MAXP. */
 static int parts_for(const struct sm70__cuda *c, int b, int vocab)
@@ -1317,15 +1314,10 @@ extern "C" void sm70__cuda_sample(struct sm70_backend *be, struct sm70_sample_re
 
 		if (!cached)
 			dyn = 0;
-		/* Static plus dynamic shared memory above 48 KiB needs the opt-in, whatever the
-		 * dynamic part alone is: raise the kernel's limit to the most a launch asks. */
-		if (dyn > 0 && (int)dyn > sample_smem_limit[c->device & 63]) {
-			if (SM70_CUDA_CHECK(be, cudaFuncSetAttribute(sample_kernel,
-					cudaFuncAttributeMaxDynamicSharedMemorySize,
-					(int)(c->smem_optin - fixed))))
-				return;
-			sample_smem_limit[c->device & 63] = (int)(c->smem_optin - fixed);
-		}
+		/* static plus dynamic shared memory above 48 KiB needs the opt-in, whatever the
+		 * dynamic part alone is */
+		if (dyn > 0 && sm70__cuda_smem_optin(c, (const void *)sample_kernel))
+			return;
 		sample_kernel<<<dim3(P, b), NT, dyn, c->stream>>>(
 			out + r0, lg, rows + r0, vocab, P, chunk, cached,
 			(struct scratch *)c->sample_scratch);
