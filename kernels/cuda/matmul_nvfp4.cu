@@ -103,9 +103,9 @@
  * memory-bound with room to spare.
  *
  * Variants (SM70_NVFP4_VARIANT, read at backend creation, for timing the kernels against
- * each other; 0 when unset): 0 auto (the dot kernel at n = 1, held to three blocks an SM
- * where that pays as in 5; the split kernel with x in shared memory at n = 2, as 7; WMMA
- * from n = 3), 1 WMMA at every n, 2 the dot kernel with
+ * each other; 0 when unset): 0 auto (the tile kernel at n = 1-2, as 8, where its x fits
+ * its shared memory, else the dot kernel as in 5 at n = 1 and the split kernel as in 7 at
+ * n = 2; WMMA from n = 3), 1 WMMA at every n, 2 the dot kernel with
  * T = 1 always, 3 the dot kernel with T = 2 always, 4 as 0 but with the n = 1 dot kernel
  * held to 3 blocks an SM (launch bounds: at most 85 registers, half the steps ahead), which
  * trades bytes in flight for warps against the issue-bound chain ncu showed; 5 as 4 but
@@ -114,7 +114,8 @@
  * fallback). 6 and 7: the split kernel (matmul_nvfp4_split.cu: f16 block sums, one warp a
  * row tile's column chunk) at n <= 4, reading x through L1 (6) or from a block's copy in
  * shared memory (7); WMMA past that. 8: the tile kernel of the same file (the dot kernel's
- * block structure with the f16 arithmetic) at n <= 2, built and not yet measured.
+ * block structure with the f16 arithmetic) at n <= 2. SM70_NVFP4_VARIANT=5 is the path back
+ * from the f16 block sums: the dot kernel at n = 1, WMMA from n = 2.
  *
  * Other paths:
  * - n > 16: the kernels over x in slices of 16 rows (W read once a slice).
@@ -674,15 +675,17 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 
 	/* Batch invariance: WMMA at every n (its output column depends on its x row alone; the
 	 * dot and f16-sum kernels sum in other orders). */
-	/* the split kernel (matmul_nvfp4_split.cu): variants 6 and 7 up to its rows of x, x
-	 * through L1 or in shared memory; auto at n = 2, x in shared memory (measured 1.02-1.29x
-	 * WMMA's speed there on the 8B shapes, and slower than the dot kernel at n = 1 and than
-	 * WMMA at n = 4: docs/PERFORMANCE.md, "NVFP4 at B1-B4: the split kernel") */
+	/* the tile kernel (matmul_nvfp4_split.cu): variant 8, and auto at n = 1-2 (on an H200,
+	 * 8B NVFP4 end to end: 368.7 against the dot kernel's 354.3 tokens/s at B1, 650.0
+	 * against the split kernel's 585.0 at B2; docs/PERFORMANCE.md, "NVFP4: the tile kernel
+	 * becomes the B1-B2 default") */
+	if (!c->be.batch_invariant && (v == 8 || (v == 0 && n <= 2)) &&
+	    sm70__cuda_fp4_tile(c, y, y_f32, x, w, n))
+		return;
+	/* the split kernel (same file): variants 6 and 7 up to its rows of x, x through L1 or
+	 * in shared memory; auto at n = 2 where the tile kernel's x does not fit */
 	if (!c->be.batch_invariant && (v == 6 || v == 7 || (v == 0 && n == 2)) &&
 	    sm70__cuda_fp4_split(c, y, y_f32, x, w, n, v != 6))
-		return;
-	/* variant 8: the tile kernel (matmul_nvfp4_split.cu) at n = 1-2; built, not measured */
-	if (!c->be.batch_invariant && v == 8 && sm70__cuda_fp4_tile(c, y, y_f32, x, w, n))
 		return;
 	/* auto: the dot kernel at n = 1 only, WMMA from n = 3 (it measured as fast as the dot
 	 * kernel or faster from n = 2, docs/PERFORMANCE.md "NVFP4 GEMV", and faster than the
@@ -692,9 +695,9 @@ static void fp4_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __half 
 		fp4_wmma_dispatch(c, y, y_f32, x, w, n);
 		return;
 	}
-	/* n = 1 at three blocks an SM where that pays: variant 4 everywhere, auto and 5 by shape
-	 * (measured faster end to end: 8B B1 328.4 against 313.7 tokens/s, 27B 97.8 against
-	 * 96.1, H100) */
+	/* n = 1 at three blocks an SM where that pays: variant 4 everywhere, 5 (and auto where
+	 * the tile kernel's x does not fit) by shape (measured faster end to end: 8B B1 328.4
+	 * against 313.7 tokens/s, 27B 97.8 against 96.1, H100) */
 	if (v == 4 || ((v == 0 || v == 5) && fp4_dot3_pays(c, w, t2 ? 2 : 1))) {
 		if (t2)
 			fp4_dot_launch<1, 2, 2, 3>(c, y, y_f32, x, w);

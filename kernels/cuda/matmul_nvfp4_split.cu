@@ -1,8 +1,9 @@
 /*
  * matmul_nvfp4_split.cu - the f16-sum kernels of the NVFP4 matmul op, y[n, rows] = x[n, cols]
  * W^T for a few rows of x, on prepare_weight's arrangement (matmul_nvfp4.cu's file comment;
- * the words as nvfp4_words.h unpacks them): the split kernel (n = 1..FP4S_ROWS_MAX; the
- * default at n = 2) and the tile kernel (n = 1-2, SM70_NVFP4_VARIANT=8, not yet measured).
+ * the words as nvfp4_words.h unpacks them): the tile kernel (n = 1-2, the default there,
+ * SM70_NVFP4_VARIANT=8) and the split kernel (n = 1..FP4S_ROWS_MAX; variants 6 and 7, and
+ * the default at n = 2 where the tile kernel's x does not fit its shared memory).
  *
  * Why. matmul_nvfp4.cu's dot kernel (n = 1) spends 4.1 instructions a weight in exact f32
  * chains at 106 registers, and its WMMA path (n >= 2) decodes into shared memory for tensor
@@ -27,7 +28,8 @@
  * tile's warps to arrive adds the slots in chunk order and sets the counter back to zero.
  * The sums do not depend on the order of arrival, so a call's output is the same bit for
  * bit every time on a given GPU. Measured on an H100: at n = 2 1.02-1.29x the WMMA path on
- * every Qwen3-8B shape (lm_head at 89% of read bandwidth), so the default there; at n = 1
+ * every Qwen3-8B shape (lm_head at 89% of read bandwidth), the default there until the tile
+ * kernel measured faster still (below); at n = 1
  * slower than the dot kernel (its tasks are one short burst of loads each, ending in three
  * L2 round trips), at n = 4 slower than WMMA (docs/PERFORMANCE.md, "NVFP4 at B1-B4").
  *
@@ -38,7 +40,8 @@
  * sums below 2^-14 round to multiples of 2^-24, an absolute error of at most 2^-25 a rounding
  * in units of 2^12 * scale2, at most cols * scale2 * 2^-13 in all. That floor matters only for
  * rows whose block scales are tiny against the matrix's (E4M3 subnormal scales): such rows
- * keep less relative precision here than on WMMA's f32 sums (SM70_NVFP4_VARIANT=5 at n = 2).
+ * keep less relative precision here than on WMMA's f32 sums and the dot kernel's f32 chains
+ * (SM70_NVFP4_VARIANT=5: the dot kernel at n = 1, WMMA at n = 2).
  * Overflow: one product never overflows (|w| <= 0.66, |x| <= 65504); a block half of 8 terms
  * overflows only if its terms pass 65504 together (x above ~12000 on all of them at the
  * largest weights).
@@ -375,13 +378,17 @@ static void fp4s_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *
 }
 
 /*
- * The tile kernel (variant 8; built, not yet measured on a GPU): the dot kernel's structure
+ * The tile kernel (variant 8, the default at n = 1-2): the dot kernel's structure
  * (matmul_nvfp4.cu) with this file's f16 arithmetic, for n = 1-2. One block a row tile;
  * its W warps (blockDim.x / 32) split the tile's steps; x in shared memory behind the warps'
  * row sums, which meet there and are added in warp order: no global scratch, no atomics, no
  * fence. The split kernel's n = 1 tasks are one short burst of loads each and end in three
  * L2 round trips (its partial, the counter, the other partials); this keeps the burst but
- * ends in a block barrier.
+ * ends in a block barrier. Measured on an H200 (8B shapes, docs/PERFORMANCE.md, "NVFP4: the
+ * tile kernel becomes the B1-B2 default"): at n = 2 faster than the split kernel on every
+ * shape (o 7.24 against 9.54 us, down 15.28 against 19.70); at n = 1, against the dot
+ * kernel, 13% faster on lm_head and 10-16% slower on qkv and o in the op bench, yet 4.1%
+ * faster end to end.
  */
 template <int NR, int PF>
 static __global__ void __launch_bounds__(FP4T_THREADS_MAX, FP4T_MINB)
