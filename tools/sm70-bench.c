@@ -145,7 +145,8 @@ static int run_gemv(int iters, const struct ref_bw *bw)
  * shapes at B1, B2, B4, B8 and B16, beside the f16 matmul op on the same shape in the same
  * run: one row per kernel variant (SM70_NVFP4_VARIANT's values, kernels/cuda/
  * matmul_nvfp4.cu: v0 auto, v1 WMMA, v2 dot with one row tile a block, v3 dot with two,
- * v4 auto with the B1 dot kernel at three blocks an SM, v5 that where it measured faster, v6
+ * v4 the B1 dot kernel at three blocks an SM, v5 that where it measured faster (the path
+ * back), v6
  * the split kernel with f16 block sums up to four rows of x (matmul_nvfp4_split.cu), v7 that
  * with x in shared memory, v8 the tile kernel (the same sums, one block a row tile);
  * `variant` >= 0 times that one alone). Past n = 4 every variant runs the WMMA kernel, so

@@ -106,11 +106,11 @@
  * each other; 0 when unset): 0 auto (the tile kernel at n = 1-2, as 8, where its x fits
  * its shared memory, else the dot kernel as in 5 at n = 1 and the split kernel as in 7 at
  * n = 2; WMMA from n = 3), 1 WMMA at every n, 2 the dot kernel with
- * T = 1 always, 3 the dot kernel with T = 2 always, 4 as 0 but with the n = 1 dot kernel
- * held to 3 blocks an SM (launch bounds: at most 85 registers, half the steps ahead), which
- * trades bytes in flight for warps against the issue-bound chain ncu showed; 5 as 4 but
- * only where that measured faster (fp4_dot3_pays: more blocks than two an SM hold, and
- * three fit in shared memory). 2 and 3 change only n <= 4 (and keep the shared-memory
+ * T = 1 always, 3 the dot kernel with T = 2 always, 4 the dot kernel at n = 1 held to 3
+ * blocks an SM (launch bounds: at most 85 registers, half the steps ahead), which trades
+ * bytes in flight for warps against the issue-bound chain ncu showed, and WMMA from n = 2;
+ * 5 as 4 but three blocks an SM only where that measured faster (fp4_dot3_pays: more
+ * blocks than two an SM hold, and three fit in shared memory). 2 and 3 change only n <= 4 (and keep the shared-memory
  * fallback). 6 and 7: the split kernel (matmul_nvfp4_split.cu: f16 block sums, one warp a
  * row tile's column chunk) at n <= 4, reading x through L1 (6) or from a block's copy in
  * shared memory (7); WMMA past that. 8: the tile kernel of the same file (the dot kernel's
