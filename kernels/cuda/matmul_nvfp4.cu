@@ -45,7 +45,8 @@
  * Nothing here needs FP4/FP8 hardware: bit operations, f16 and f32 arithmetic only.
  *
  * Kernels, by batch size (SM70_NVFP4_VARIANT overrides the choice, see below; by default
- * the dot kernel at n = 1, the split kernel of matmul_nvfp4_split.cu at n = 2, WMMA from 3):
+ * the tile kernel of matmul_nvfp4_split.cu at n = 1-2, WMMA from 3; the two below at n <= 4
+ * are the fallbacks and the path back):
  * - n <= 4: fp4_dot_kernel, no tensor cores. A block takes T row tiles (T = 2 on matrices
  *   tall enough to still give two blocks an SM, else 1) and its 8 warps split the column
  *   steps, as below; lane l multiplies its 32 columns of row l / 2 of
