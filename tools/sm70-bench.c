@@ -5,6 +5,7 @@
  *              [--variant N]     (nvfp4: one kernel variant 0-8, default every one)
  *   sm70-bench decode -m MODEL_DIR ...      end-to-end decode (tools/bench/decode.c)
  *   sm70-bench ipc ...                      the transport alone (tools/bench/ipc.c)
+ *   sm70-bench arrange [--iters N]          NVFP4 rearrangement at load (tools/bench/arrange.c)
  *
  * The first form: decode-path micro-benchmarks of the CUDA backend: read and copy bandwidth, the
  * matmul op on Qwen3-8B GEMV shapes (with cuBLAS as the baseline in the same run), and the
@@ -54,6 +55,7 @@ static void usage(FILE *f)
 		   "       sm70-bench decode -m MODEL_DIR [options]   (decode --help)\n"
 		   "       sm70-bench ipc [options]                   (ipc --help)\n"
 		   "       sm70-bench allreduce [--gpus N] [--json]   (allreduce --help)\n"
+		   "       sm70-bench arrange [--iters N]             (NVFP4 rearrangement at load)\n"
 		   "       sm70-bench --help | --version\n");
 }
 
@@ -568,6 +570,8 @@ int main(int argc, char **argv)
 		return sm70__bench_ipc(argc - 1, argv + 1);
 	if (argc > 1 && !strcmp(argv[1], "allreduce"))
 		return sm70__bench_allreduce(argc - 1, argv + 1);
+	if (argc > 1 && !strcmp(argv[1], "arrange"))
+		return sm70__bench_arrange(argc - 1, argv + 1);
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
 			iters = atoi(argv[++i]);

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/parallel.h"
 #include "daemon/engine/arch.h"
 #include "daemon/engine/checkpoint.h"
 #include "daemon/engine/model_config.h"
@@ -303,13 +304,6 @@ void sm70__weight_free(struct sm70_model *m, int r, struct sm70_weight *w);
  * tensor from its name and opts.dummy_seed. */
 uint64_t sm70__mix64(uint64_t z);
 uint64_t sm70__name_seed(const char *name, uint64_t seed);
-
-/* Runs fn(ctx, i0, i1) over the items [0, n), `band` at a time, on up to 32 threads (the
- * caller among them); on the caller alone when n * cost (cost: work per item, e.g. bytes
- * made) is below 2^20 or no thread starts. fn runs concurrently on disjoint ranges, so its
- * results must not depend on which thread does which range. Returns when all are done. */
-void sm70__parallel_for(size_t n, size_t band, size_t cost,
-			void (*fn)(void *ctx, size_t i0, size_t i1), void *ctx);
 
 /*
  * Loads rank r's share of the n_experts experts of the MoE MLP at name prefix p: rows

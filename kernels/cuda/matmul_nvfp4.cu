@@ -12,7 +12,7 @@
  * uint16, lane l's two block scales (columns +0..15 in the low byte, +16..31 in the high),
  * one coalesced 64-byte request a warp step: the stream is a ninth of the bytes. Rows and
  * columns past the matrix are zero codes and zero scales. Within a word, element e's bits
- * sit where fp4_bit_at says (nvfp4-f's placement): pair p = (2p, 2p + 1)'s magnitudes
+ * sit where sm70_fp4_bit_at says (kernels/nvfp4_arrange.h, which makes the arrangement): pair p = (2p, 2p + 1)'s magnitudes
  * rotated by 3p from f16 bits 9-11 / 25-27 and its signs by 7, 8, 6, 9 from bits 15 / 31,
  * so that fp4_unpack yields the four f16 pairs in 11 integer instructions a word (the
  * nibble order before it took 15; no placement with one rotation a pair exists, and an
@@ -520,20 +520,6 @@ static __global__ void __launch_bounds__(FP4_WARPS * 32, MINB)
 
 /* ---- the reference kernel --------------------------------------------------------- */
 
-/* Element (r, k)'s arranged word (a uint32 index), its place e in the word, and the offset
- * of its scale byte (see the file comment). */
-static __host__ __device__ __forceinline__ void fp4_arranged_at(int r, int k, int nsteps,
-								 size_t *word, int *e,
-								 size_t *scale)
-{
-	const int lane = (r % 16) * 2 + (k % 64) / 32, col = k % 32;
-	const size_t unit = ((size_t)(r / 16) * nsteps + k / 64) * 32 + lane;
-
-	*word = unit * 4 + (size_t)(col / 8);
-	*e = col % 8;
-	*scale = unit * 2 + col / 16;
-}
-
 /* The element (e2m1 * e4m3) * scale2 in f32, as the CPU twin rounds it. */
 static __device__ __forceinline__ float fp4_element(uint32_t code, uint8_t sc, float scale2)
 {
@@ -570,7 +556,7 @@ static __global__ void nvfp4_ref_kernel(void *__restrict__ y, int y_f32,
 		int e;
 
 		if (arranged) {
-			fp4_arranged_at(r, k, nsteps, &wi, &e, &so);
+			sm70_fp4_arranged_at(r, k, nsteps, &wi, &e, &so);
 			code = fp4_word_code(((const uint32_t *)codes)[wi], e);
 		} else {
 			so = (size_t)r * (cols / 16) + k / 16;
@@ -740,37 +726,6 @@ extern "C" void sm70__cuda_matmul_nvfp4(struct sm70_backend *be, void *y, int y_
 
 /* ---- prepare_weight ------------------------------------------------------------------ */
 
-/* ModelOpt's [rows][cols / 2] codes and [rows][cols / 16] scales into the arrangement
- * (host buffers of the arranged sizes, zeroed by the caller). */
-static void fp4_arrange(uint32_t *words, uint8_t *scales, const struct sm70_weight *src)
-{
-	const int rows = src->rows, cols = src->cols, nsteps = (cols + FP4_KS - 1) / FP4_KS;
-	const uint8_t *sc = (const uint8_t *)src->data, *ss = (const uint8_t *)src->scale;
-	uint32_t place[8][16]; /* element e's code as its bits in the word */
-
-	for (int e = 0; e < 8; e++) {
-		for (int code = 0; code < 16; code++) {
-			place[e][code] = 0;
-			for (int b = 0; b < 4; b++)
-				place[e][code] |= (uint32_t)((code >> b) & 1) << fp4_bit_at(e, b);
-		}
-	}
-	for (int r = 0; r < rows; r++) {
-		const uint8_t *row = sc + (size_t)r * (cols / 2);
-
-		for (int k = 0; k < cols; k++) {
-			const uint8_t code = (uint8_t)((row[k / 2] >> (4 * (k & 1))) & 15);
-			size_t wi, so;
-			int e;
-
-			fp4_arranged_at(r, k, nsteps, &wi, &e, &so);
-			words[wi] |= place[e][code];
-			if (k % 16 == 0)
-				scales[so] = ss[(size_t)r * (cols / 16) + k / 16];
-		}
-	}
-}
-
 /* An upload of n host bytes into new backend memory at *dst; 0 or -ENOMEM / -EIO. */
 static int fp4_upload(struct sm70_backend *be, void **dst, const void *src, size_t n)
 {
@@ -800,8 +755,7 @@ extern "C" int sm70__cuda_prepare_weight(struct sm70_backend *be, struct sm70_we
 		codes = (uint8_t *)src->data;
 		scales = (uint8_t *)src->scale;
 	} else {
-		const size_t units = (size_t)((src->rows + 15) / 16) *
-				     ((src->cols + FP4_KS - 1) / FP4_KS) * 32;
+		const size_t units = sm70_fp4_units(src->rows, src->cols);
 
 		n_codes = units * 16;
 		n_scales = units * 2;
@@ -811,7 +765,8 @@ extern "C" int sm70__cuda_prepare_weight(struct sm70_backend *be, struct sm70_we
 			ret = -ENOMEM;
 			goto out;
 		}
-		fp4_arrange((uint32_t *)codes, scales, src);
+		sm70_fp4_arrange((uint32_t *)codes, scales, (const uint8_t *)src->data,
+				 (const uint8_t *)src->scale, src->rows, src->cols);
 	}
 	ret = fp4_upload(be, &w_out->data, codes, n_codes);
 	if (!ret)

@@ -70,6 +70,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/parallel.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/moe_ks.h"
 #include "kernels/cuda/pdl.h"
@@ -604,15 +605,23 @@ int sm70__cuda_moe_nvfp4_passes(struct sm70__cuda *c, const __half *x,
 
 /* ---- prepare_experts -------------------------------------------------------------------- */
 
-/* ModelOpt's bytes of stack src into the arrangement (host buffers of the arranged sizes,
- * zeroed by the caller). Whole 8-column words at a time: 4 source bytes hold columns
+struct fx_arrange_job {
+	uint8_t *codes, *scales;
+	const struct sm70_experts *src;
+};
+
+/* Experts [e0, e1) of ModelOpt's stack into the arrangement (host buffers of the arranged
+ * sizes, zeroed by the caller). Whole 8-column words at a time: 4 source bytes hold columns
  * 2j | 2j + 1, which become nibbles j and j + 4. */
-static void fx_arrange(uint8_t *codes, uint8_t *scales, const struct sm70_experts *src)
+static void fx_arrange_experts(void *ctx, size_t e0, size_t e1)
 {
+	const struct fx_arrange_job *j = (const struct fx_arrange_job *)ctx;
+	const struct sm70_experts *src = j->src;
+	uint8_t *codes = j->codes, *scales = j->scales;
 	const int rows = src->rows, cols = src->cols;
 	const int tiles = fx_tiles(rows), steps = fx_steps(cols);
 
-	for (int e = 0; e < src->n_experts; e++) {
+	for (int e = (int)e0; e < (int)e1; e++) {
 		for (int r = 0; r < rows; r++) {
 			const size_t row = (size_t)e * rows + r;
 			const uint8_t *sc = (const uint8_t *)src->data + row * (cols / 2);
@@ -637,6 +646,16 @@ static void fx_arrange(uint8_t *codes, uint8_t *scales, const struct sm70_expert
 			}
 		}
 	}
+}
+
+/* The whole stack, experts spread over the host's cores (a qwen4_exp layer's gate_up stack
+ * holds 1.1e9 codes). */
+static void fx_arrange(uint8_t *codes, uint8_t *scales, const struct sm70_experts *src)
+{
+	struct fx_arrange_job j = { codes, scales, src };
+
+	sm70__parallel_for((size_t)src->n_experts, 1, (size_t)src->rows * src->cols / 2,
+			   fx_arrange_experts, &j);
 }
 
 /* An upload of n host bytes into new backend memory at *dst; 0 or -ENOMEM / -EIO. */

@@ -1,8 +1,9 @@
 /*
  * nvfp4_words.h - the arranged NVFP4 word that the dense NVFP4 kernels read
  * (matmul_nvfp4.cu, which arranges it and whose file comment describes the layout, and
- * matmul_nvfp4_split.cu): where each of a word's eight E2M1 codes keeps its bits, and the
- * unpacking of a word into four f16 pairs. Included by .cu files only.
+ * matmul_nvfp4_split.cu): an element's code read back from its word, and the unpacking of
+ * a word into four f16 pairs (where each code keeps its bits: kernels/nvfp4_arrange.h).
+ * Included by .cu files only.
  */
 #ifndef SM70_KERNELS_CUDA_NVFP4_WORDS_H
 #define SM70_KERNELS_CUDA_NVFP4_WORDS_H
@@ -10,23 +11,11 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#define FP4_KS 64 /* columns a step: 16 rows x 64 columns = 32 lanes x 16 bytes */
+#include "kernels/nvfp4_arrange.h"
 
-/* Pair p's sign rotation in nibble p (its magnitudes rotate by 3p): nvfp4-f's placement. */
-#define FP4_SIGN_ROT 0x9687u
+#define FP4_KS SM70_FP4_KS
 
 #define FP4S_ROWS_MAX 4 /* rows of x the split kernel (matmul_nvfp4_split.cu) takes */
-
-/* Bit b of an arranged word that holds element e (0..7) of its eight: the magnitude's
- * bits 0-2 (b = 0..2) and the sign (b = 3). */
-static __host__ __device__ __forceinline__ int fp4_bit_at(int e, int b)
-{
-	const int p = e >> 1, h = e & 1;
-
-	if (b < 3)
-		return (9 + 16 * h + 3 * p + b) & 31;
-	return (15 + 16 * h + (int)((FP4_SIGN_ROT >> (4 * p)) & 15)) & 31;
-}
 
 /* Element e's 4-bit E2M1 code in an arranged word. */
 static __host__ __device__ __forceinline__ uint32_t fp4_word_code(uint32_t w, int e)
@@ -34,7 +23,7 @@ static __host__ __device__ __forceinline__ uint32_t fp4_word_code(uint32_t w, in
 	uint32_t code = 0;
 
 	for (int b = 0; b < 4; b++)
-		code |= ((w >> fp4_bit_at(e, b)) & 1u) << b;
+		code |= ((w >> sm70_fp4_bit_at(e, b)) & 1u) << b;
 	return code;
 }
 

@@ -22,7 +22,7 @@ sm70-run|packaging/man/sm70-run.1|tools/sm70-run.c|--help
 sm70-generate|packaging/man/sm70-generate.1|tools/sm70-generate.c|--help
 sm70-tokenize|packaging/man/sm70-tokenize.1|tools/sm70-tokenize.c|--help
 sm70-quantize|packaging/man/sm70-quantize.1|tools/sm70-quantize.c|--help
-sm70-bench|packaging/man/sm70-bench.1|tools/sm70-bench.c tools/bench/decode.c tools/bench/ipc.c tools/bench/allreduce.c|--help;decode --help;ipc --help;allreduce --help
+sm70-bench|packaging/man/sm70-bench.1|tools/sm70-bench.c tools/bench/decode.c tools/bench/ipc.c tools/bench/allreduce.c tools/bench/arrange.c|--help;decode --help;ipc --help;allreduce --help;arrange --help
 LIST
 while IFS='|' read -r bin page srcs helps; do
 	[ -x "$B/bin/$bin" ] || { echo "FAIL: $B/bin/$bin is not built"; exit 1; }

@@ -20,4 +20,8 @@ int sm70__bench_decode(int argc, char **argv);
  * one-shot peer-to-peer path against NCCL (tools/bench/allreduce.c). */
 int sm70__bench_allreduce(int argc, char **argv);
 
+/* `sm70-bench arrange`: the NVFP4 rearrangement at load, the threaded table-driven path
+ * beside the element-by-element reference (tools/bench/arrange.c). */
+int sm70__bench_arrange(int argc, char **argv);
+
 #endif
