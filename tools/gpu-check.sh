@@ -8,15 +8,20 @@
 #
 #   tools/gpu-check.sh             scons -j16 CUDA=1 CUDA_ARCHS=${CUDA_ARCHS:-90}, then run
 #   tools/gpu-check.sh --no-build  run what build/tests-gpu already holds (a prebuilt tree)
+#   --quick                        the tests/gpu binaries and the fixtures under the defaults
+#                                  only (about a minute and a half on an H200: the check to
+#                                  run first when device time is short)
 #
 # Exit status: 0 when every test passed (a test that prints SKIP passes), 1 otherwise.
 set -u
 B=${BUILD_DIR:-build}
 build=1
+quick=0
 for a in "$@"; do
 	case "$a" in
 	--no-build) build=0 ;;
-	*) echo "usage: $0 [--no-build]" >&2; exit 2 ;;
+	--quick) quick=1 ;;
+	*) echo "usage: $0 [--no-build] [--quick]" >&2; exit 2 ;;
 	esac
 done
 
@@ -51,6 +56,12 @@ for t in "$B"/tests-gpu/test_*; do
 	[ -x "$t" ] || continue
 	run_one "$(basename "$t")" "$t"
 done
+if [ $quick -eq 1 ] && [ -x "$B/tests/test_fixtures" ]; then
+	run_one fixtures-cuda env SM70_BACKEND=cuda "$B/tests/test_fixtures"
+	echo "gpu-check (quick):$table -- $((n - fail))/$n passed"
+	[ $fail -eq 0 ]
+	exit
+fi
 for t in test_cuda_ops test_cuda_moe test_cuda_moe_nvfp4 test_graphs; do
 	[ -x "$B/tests-gpu/$t" ] || continue
 	run_one "$t-experiments" env SM70_PDL=all SM70_GEMV_WARPS=4 SM70_ATTN_FOLD=1 \
