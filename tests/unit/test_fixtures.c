@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "daemon/engine/engine.h"
+#include "tests/unit/fixture_cases.h"
 
 #define FIXTURES "tests/fixtures"
 static double gap_tol = 1e-3;
@@ -210,7 +211,7 @@ static void for_each_fixture(void (*fn)(const char *dir, const char *name))
 
 static void alone(const char *dir, const char *name)
 {
-	json_t *ref = load_ref(dir), *cases = json_object_get(ref, "cases");
+	json_t *ref = load_ref(dir), *cases = sm70t_fixture_cases(ref);
 	struct sm70_engine_opts eo;
 	struct collect c;
 
@@ -229,7 +230,7 @@ static void alone(const char *dir, const char *name)
 
 static void batched(const char *dir, const char *name)
 {
-	json_t *ref = load_ref(dir), *cases = json_object_get(ref, "cases");
+	json_t *ref = load_ref(dir), *cases = sm70t_fixture_cases(ref);
 	int n = (int)json_array_size(cases);
 	struct sm70_engine_opts eo;
 	struct collect c;
@@ -258,7 +259,7 @@ static void batched(const char *dir, const char *name)
  * still equals its reference. Repeats share prompt prefixes through the prefix cache. */
 static void batch16(const char *dir, const char *name)
 {
-	json_t *ref = load_ref(dir), *cases = json_object_get(ref, "cases");
+	json_t *ref = load_ref(dir), *cases = sm70t_fixture_cases(ref);
 	int n = (int)json_array_size(cases), idx[16];
 	struct sm70_engine_opts eo;
 	struct collect c;
@@ -322,6 +323,7 @@ int main(void)
 	}
 	printf("backend %s, KV %s, gap tolerance %g\n", backend,
 	       strcmp(kv_mode, "auto") ? kv_mode : "default", gap_tol);
+	sm70t_fixture_cases_note();
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_alone),
 		cmocka_unit_test(test_batched),

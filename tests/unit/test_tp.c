@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "daemon/engine/engine.h"
+#include "tests/unit/fixture_cases.h"
 #include "daemon/engine/sampler.h"
 
 #define FIXTURES "tests/fixtures"
@@ -244,7 +245,7 @@ static void fixture(const char *dir, const char *name)
 	ref = json_load_file(path, 0, &je);
 	if (!ref)
 		fail_msg("%s: %s", path, je.text);
-	cases = json_object_get(ref, "cases");
+	cases = sm70t_fixture_cases(ref);
 	if (run_all(dir, cases, 1, one, &err))
 		fail_msg("%s tp 1: %s", name, err.msg);
 	for (int tp = 2; tp <= tp_max; tp++) {
@@ -351,5 +352,6 @@ int main(void)
 		printf("test_tp: SM70_TP_MAX=%d: nothing to split over, skipped\n", tp_max);
 		return 0;
 	}
+	sm70t_fixture_cases_note();
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
