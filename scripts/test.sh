@@ -20,9 +20,9 @@ scons -Q -j"$jobs" ${archs:+CUDA_ARCHS=$archs} test
 echo "== build and test (ASan + UBSan)"
 # test_tp splits every fixture over 2, 3 and 4 simulated ranks in the release run; under
 # the sanitizers 2 ranks exercise the same split code at half the time (SM70_TP_MAX), and
-# test_fixtures and test_tp take each fixture's first 2 cases (SM70_TEST_CASES): every
-# architecture's paths and multi-sequence batches, where all cases took 7 of the run's 15
-# minutes on 2 cores
+# test_fixtures, test_tp and test_kv_fp8 take each fixture's first 2 cases
+# (SM70_TEST_CASES): every architecture's paths and multi-sequence batches, where all
+# cases took 9 of the run's 15 minutes on 2 cores
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 SM70_TP_MAX=2 \
 	SM70_TEST_CASES=2 \
 	scons -Q -j"$jobs" BUILD_DIR=build/asan SANITIZE=address,undefined CUDA=0 test

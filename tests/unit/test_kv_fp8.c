@@ -33,6 +33,7 @@
 
 #include "daemon/engine/checkpoint.h"
 #include "daemon/engine/model.h"
+#include "tests/unit/fixture_cases.h"
 
 #define CHUNK 128 /* positions per step, each with its logits */
 #define MAX_ROWS 128
@@ -168,7 +169,7 @@ static void compare(const char *dir, const char *name)
 	snprintf(path, sizeof(path), "%s/reference.json", dir);
 	ref = json_load_file(path, 0, &je);
 	assert_non_null(ref);
-	cases = json_object_get(ref, "cases");
+	cases = sm70t_fixture_cases(ref);
 	for (size_t c = 0; c < json_array_size(cases); c++) {
 		json_t *p = json_object_get(json_array_get(cases, c), "prompt");
 		int n = (int)json_array_size(p), vocab = 0;
@@ -261,5 +262,6 @@ int main(void)
 
 	if (b && *b)
 		backend = b;
+	sm70t_fixture_cases_note();
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
