@@ -48,15 +48,11 @@ static void arrange_tiles(void *ctx, size_t t0, size_t t1)
 void sm70_fp4_arrange(uint32_t *words, uint8_t *scales, const uint8_t *codes,
 		      const uint8_t *block_scales, int rows, int cols)
 {
-	struct fp4_arrange_job local;
+	struct fp4_arrange_job local = {
+		.words = words, .scales = scales, .codes = codes, .block_scales = block_scales,
+		.rows = rows, .cols = cols, .nsteps = (cols + SM70_FP4_KS - 1) / SM70_FP4_KS,
+	};
 
-	local.words = words;
-	local.scales = scales;
-	local.codes = codes;
-	local.block_scales = block_scales;
-	local.rows = rows;
-	local.cols = cols;
-	local.nsteps = (cols + SM70_FP4_KS - 1) / SM70_FP4_KS;
 	for (int q = 0; q < 4; q++) {
 		for (int v = 0; v < 256; v++) {
 			uint32_t bits = 0;
