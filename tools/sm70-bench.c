@@ -1,8 +1,8 @@
 /*
  * sm70-bench - the benchmark driver.
  *
- *   sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|moe-nvfp4|all [--iters N] [--device N]
- *              [--variant N]     (nvfp4: one kernel variant 0-8, default every one)
+ *   sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|moe-nvfp4|kvread|all [--iters N]
+ *              [--device N] [--variant N]   (nvfp4: one kernel variant 0-8, default every one)
  *   sm70-bench decode -m MODEL_DIR ...      end-to-end decode (tools/bench/decode.c)
  *   sm70-bench ipc ...                      the transport alone (tools/bench/ipc.c)
  *   sm70-bench arrange [--iters N]          NVFP4 rearrangement at load (tools/bench/arrange.c)
@@ -25,7 +25,10 @@
  * two `moe` shapes at B1, B8 and B16 against the selected experts' NVFP4 bytes (codes, block
  * scales, row scales), beside the f16 stacks on the same routings in the same run (not part of
  * `all`). Both MoE sections end with each pass timed by warps a tile, forced 1-8 (SM70_MOE_KS) and
- * by the rule that picks it.
+ * by the rule that picks it. `kvread` times the attention op beside plain kernels that read
+ * the same cache along other walks (by head, with the op's grid, by whole rows, as pages of
+ * [head][position]; sm70__bench_kv_read): how much of the op's time its layout and grid
+ * account for (not part of `all`).
  *
  * Every row prints the median time of one op, the bytes it must read over that time, and
  * that as a fraction of the read bandwidth (a plain read kernel) and of the D2D copy
@@ -50,7 +53,7 @@ struct ref_bw {
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|moe-nvfp4|all "
+	fprintf(f, "usage: sm70-bench bw|gemv|nvfp4|attention|prefill|gdn|moe|moe-nvfp4|kvread|all "
 		   "[--iters N] [--device N] [--variant N]\n"
 		   "       sm70-bench decode -m MODEL_DIR [options]   (decode --help)\n"
 		   "       sm70-bench ipc [options]                   (ipc --help)\n"
@@ -259,6 +262,65 @@ static int attention_shape(int n_q, int n_kv, int D, const char *tag, int iters,
 					snprintf(extra, sizeof(extra), "%s speedup over f16 %.2fx",
 						 attn_kvs[m].name, us16[bi][c] / r.us);
 				row(name, r.us, r.bytes, bw, extra);
+			}
+		}
+	}
+	return 0;
+}
+
+/* The attention op beside the KV read walks over its cache (sm70__bench_kv_read), f16 and
+ * the FP8 modes, at 16K (and 1K B1): where the op's time goes between the layout, the
+ * grid and its own work. */
+static int run_kvread(int iters, const struct ref_bw *bw)
+{
+	static const struct {
+		int n_q, n_kv, D;
+	} shapes[] = { { 32, 8, 128 }, { 24, 4, 256 } };
+	static const struct {
+		int batch, ctx;
+	} cases[] = { { 1, 1024 }, { 1, 16384 }, { 8, 16384 }, { 16, 16384 } };
+	static const char *walks[] = { "heads", "op-grid", "rows", "page-heads" };
+	/* one case alone (a profiler's run): SM70_BENCH_CASE="d128 f16 ctx16K B16" */
+	const char *only = getenv("SM70_BENCH_CASE");
+
+	printf("\n== KV read walks beside the attention op (paged, 16-token blocks, shuffled), "
+	       "median of %d\n", iters);
+	header("vs op");
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+		for (size_t m = 0; m < sizeof(attn_kvs) / sizeof(attn_kvs[0]); m++) {
+			for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+				struct sm70__bench_attn op, r;
+				char name[64], extra[64];
+				int ret;
+
+				snprintf(name, sizeof(name), "d%d %s ctx%dK B%d", shapes[s].D,
+					 attn_kvs[m].name, cases[k].ctx / 1024, cases[k].batch);
+				if (only && strcmp(only, name))
+					continue;
+				ret = sm70__bench_attention(shapes[s].n_q, shapes[s].n_kv,
+							    shapes[s].D, attn_kvs[m].kv,
+							    cases[k].batch, cases[k].ctx, iters, &op);
+				if (ret) {
+					fprintf(stderr, "sm70-bench: kvread: op error %d\n", ret);
+					return ret;
+				}
+				strcat(name, " op");
+				row(name, op.us, op.bytes, bw, "");
+				for (int w = 0; w < SM70__BENCH_KV_WALKS; w++) {
+					ret = sm70__bench_kv_read(shapes[s].n_q, shapes[s].n_kv,
+								  shapes[s].D, attn_kvs[m].kv,
+								  cases[k].batch, cases[k].ctx, w,
+								  iters, &r);
+					if (ret) {
+						fprintf(stderr, "sm70-bench: kvread: walk %s "
+								"error %d\n",
+							walks[w], ret);
+						return ret;
+					}
+					snprintf(name, sizeof(name), "  read %s", walks[w]);
+					snprintf(extra, sizeof(extra), "%.2fx", op.us / r.us);
+					row(name, r.us, r.bytes, bw, extra);
+				}
 			}
 		}
 	}
@@ -586,7 +648,7 @@ int main(int argc, char **argv)
 				     !strcmp(argv[i], "attention") || !strcmp(argv[i], "prefill") ||
 				     !strcmp(argv[i], "gdn") || !strcmp(argv[i], "moe") ||
 				     !strcmp(argv[i], "moe-nvfp4") ||
-				     !strcmp(argv[i], "nvfp4") ||
+				     !strcmp(argv[i], "nvfp4") || !strcmp(argv[i], "kvread") ||
 				     !strcmp(argv[i], "all"))) {
 			what = argv[i];
 		} else {
@@ -628,6 +690,8 @@ int main(int argc, char **argv)
 		ret = run_nvfp4(iters, variant, &bw);
 	if (!ret && !strcmp(what, "moe-nvfp4"))
 		ret = run_moe_nvfp4(iters, &bw);
+	if (!ret && !strcmp(what, "kvread"))
+		ret = run_kvread(iters, &bw);
 	sm70__bench_close();
 	return ret ? 1 : 0;
 }

@@ -513,6 +513,7 @@ struct attn_ctx {
 	void *q, *out;
 	int n_heads, q_ld;
 	float scale;
+	int walk; /* -1: the attention op; else a read walk (enum sm70__bench_kv_walk) */
 };
 
 /* An attention bench's cache layout for kv (enum sm70__bench_kv), and its K or V bytes. */
@@ -550,17 +551,120 @@ static int bench_kv_fill(struct attn_ctx *a, int i)
 	return 0;
 }
 
+/*
+ * The KV read ceiling: the attention op's cache bytes read with no attention math, in the
+ * ways a decode kernel could walk them (enum sm70__bench_kv_walk), so that the op's time
+ * splits into what the layout and the grid cost and what its own work costs. A block takes
+ * a range of positions; each thread keeps 8 16-byte loads in flight (the tensor-core
+ * kernel's count at head_dim 128 f16) and folds them so they stay.
+ */
+#define KVR_THREADS 256
+#define KVR_UNROLL 4
+
+struct kvr_args {
+	const uint4 *k, *v;
+	const int32_t *bt; /* one sequence per token: row tok of max_blocks entries */
+	int max_blocks, bs, n_kv, ctx;
+	int kb, vb;   /* bytes of one head's row: K, V */
+	int chunk;    /* positions a block */
+	int walk;     /* enum sm70__bench_kv_walk */
+	unsigned *sink;
+};
+
+/* Byte offset of (position p, head h) of a cache tensor with rb-byte head rows. */
+static __device__ __forceinline__ size_t kvr_off(const struct kvr_args &a, const int32_t *bt,
+						 int p, int h, int rb)
+{
+	const size_t blk = (size_t)bt[p / a.bs], in = (size_t)(p % a.bs);
+
+	if (a.walk == SM70__BENCH_KV_WALK_PAGE_HEADS) /* [block][head][position] */
+		return ((blk * a.n_kv + h) * a.bs + in) * rb;
+	return ((blk * a.bs + in) * a.n_kv + h) * rb; /* [block][position][head] */
+}
+
+/* blockIdx.x = (token, head) or, for WALK_ROWS, the token; blockIdx.y = position range. A
+ * unit is one 16-byte load of K or V: (row, head, chunk of 16 bytes). */
+static __global__ void __launch_bounds__(KVR_THREADS) kvr_kernel(struct kvr_args a)
+{
+	const bool rows = a.walk == SM70__BENCH_KV_WALK_ROWS;
+	const int tok = rows ? blockIdx.x : blockIdx.x / a.n_kv;
+	const int h0 = rows ? 0 : blockIdx.x - tok * a.n_kv, nh = rows ? a.n_kv : 1;
+	const int ck = a.kb / 16, cv = a.vb / 16, per_row = nh * (ck + cv);
+	const int p0 = blockIdx.y * a.chunk, p1 = min(p0 + a.chunk, a.ctx);
+	const int32_t *bt = a.bt + (size_t)tok * a.max_blocks;
+	const int units = (p1 - p0) * per_row;
+	unsigned acc = 0;
+
+	for (int u0 = threadIdx.x; u0 < units; u0 += KVR_UNROLL * 2 * KVR_THREADS) {
+		uint4 x[KVR_UNROLL * 2];
+
+#pragma unroll
+		for (int j = 0; j < KVR_UNROLL * 2; j++) {
+			const int u = u0 + j * KVR_THREADS;
+			const int r = u / per_row, w = u - r * per_row;
+			const int h = h0 + w / (ck + cv), c = w % (ck + cv);
+
+			x[j] = make_uint4(0, 0, 0, 0);
+			if (u < units)
+				x[j] = c < ck ? __ldg((const uint4 *)((const char *)a.k +
+							      kvr_off(a, bt, p0 + r, h, a.kb)) + c) :
+						__ldg((const uint4 *)((const char *)a.v +
+							      kvr_off(a, bt, p0 + r, h, a.vb)) +
+						      (c - ck));
+		}
+#pragma unroll
+		for (int j = 0; j < KVR_UNROLL * 2; j++)
+			acc ^= x[j].x ^ x[j].y ^ x[j].z ^ x[j].w;
+	}
+	if (acc == 0x9e3779b9u) /* practically never: keeps the loads */
+		a.sink[threadIdx.x] = acc;
+}
+
 static int launch_attn(void *vctx, int i)
 {
 	struct attn_ctx *a = (struct attn_ctx *)vctx;
+	const struct sm70_kv_layer *kv = &a->kv[i % a->ncopies];
 
-	bench.be->ops->attention(bench.be, a->out, a->q, a->q_ld, &a->kv[i % a->ncopies],
-				 &a->lay, &a->b, a->n_heads, a->scale);
-	return bench.c->sticky;
+	if (a->walk < 0) {
+		bench.be->ops->attention(bench.be, a->out, a->q, a->q_ld, kv, &a->lay, &a->b,
+					 a->n_heads, a->scale);
+		return bench.c->sticky;
+	}
+	{
+		struct kvr_args r;
+		const int D = a->lay.head_dim, n_kv = a->lay.n_kv_heads, n = a->b.n_tokens;
+		const int ctx = a->b.max_pos, units = a->walk == SM70__BENCH_KV_WALK_ROWS ? n :
+											     n * n_kv;
+		/* the op's grid: two blocks an SM, filled once; else eight an SM */
+		const int slots = (a->walk == SM70__BENCH_KV_WALK_OP_GRID ? 2 : 8) * bench.c->n_sm;
+		int splits = (slots + units - 1) / units, smem = 0;
+
+		if (splits > ctx / 64)
+			splits = ctx / 64 > 0 ? ctx / 64 : 1;
+		r.k = (const uint4 *)kv->k;
+		r.v = (const uint4 *)kv->v;
+		r.bt = a->b.block_tables;
+		r.max_blocks = a->b.max_blocks;
+		r.bs = a->lay.block_size;
+		r.n_kv = n_kv;
+		r.ctx = ctx;
+		r.kb = D * (int)sm70_dtype_size(a->lay.dtype);
+		r.vb = D * (int)sm70_dtype_size(sm70_kv_v_dtype(&a->lay));
+		r.chunk = (ctx + splits - 1) / splits;
+		r.walk = a->walk;
+		r.sink = bench.sink;
+		/* shared memory nobody uses, so that no more than two blocks fit an SM */
+		if (a->walk == SM70__BENCH_KV_WALK_OP_GRID)
+			smem = (int)(bench.c->smem_optin / 2 - 8 * 1024);
+		kvr_kernel<<<dim3((unsigned)units, (unsigned)((ctx + r.chunk - 1) / r.chunk)),
+			     KVR_THREADS, smem, bench.c->stream>>>(r);
+		return cudaGetLastError() == cudaSuccess ? 0 : -EIO;
+	}
 }
 
-extern "C" int sm70__bench_attention(int n_heads, int n_kv, int D, int kv, int batch, int ctx,
-				     int iters, struct sm70__bench_attn *out)
+/* The attention op (walk < 0) or a read walk over the same cache. */
+static int attn_bench(int n_heads, int n_kv, int D, int kv, int batch, int ctx, int walk,
+		      int iters, struct sm70__bench_attn *out)
 {
 	const int bs = 16, per_seq = (ctx + bs - 1) / bs, n_blocks = per_seq * batch;
 	const struct sm70_kv_layout lay = bench_kv_layout(kv, n_blocks, bs, n_kv, D);
@@ -612,6 +716,7 @@ extern "C" int sm70__bench_attention(int n_heads, int n_kv, int D, int kv, int b
 				    .block_tables = d_ints + 2 * batch, .n_out = 0,
 				    .out_rows = NULL };
 	a->n_heads = n_heads;
+	a->walk = walk;
 	a->q_ld = (n_heads + 2 * n_kv) * D;
 	a->scale = 1.0f / sqrtf((float)D);
 	a->ncopies = copies_for((double)cache, 128);
@@ -650,6 +755,27 @@ out:
 	free(h_seq);
 	free(h_pos);
 	free(a);
+	return ret;
+}
+
+extern "C" int sm70__bench_attention(int n_heads, int n_kv, int D, int kv, int batch, int ctx,
+				     int iters, struct sm70__bench_attn *out)
+{
+	return attn_bench(n_heads, n_kv, D, kv, batch, ctx, -1, iters, out);
+}
+
+extern "C" int sm70__bench_kv_read(int n_heads, int n_kv, int D, int kv, int batch, int ctx,
+				   int walk, int iters, struct sm70__bench_attn *out)
+{
+	int ret;
+
+	if (walk < 0 || walk >= SM70__BENCH_KV_WALKS)
+		return -EINVAL;
+	if (walk == SM70__BENCH_KV_WALK_OP_GRID &&
+	    cudaFuncSetAttribute(kvr_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				 (int)(bench.c->smem_optin / 2)) != cudaSuccess)
+		return -EIO;
+	ret = attn_bench(n_heads, n_kv, D, kv, batch, ctx, walk, iters, out);
 	return ret;
 }
 
@@ -734,6 +860,7 @@ extern "C" int sm70__bench_prefill(int n_heads, int n_kv, int D, int kv, int chu
 				    .chunk_len = d_ints + 2 * chunk + 1,
 				    .chunk_first_host = &host_first, .chunk_len_host = &host_len };
 	a->n_heads = n_heads;
+	a->walk = -1;
 	a->q_ld = (n_heads + 2 * n_kv) * D;
 	a->scale = 1.0f / sqrtf((float)D);
 	/* compute-bound: copies only so that the first tiles do not start in L2 */

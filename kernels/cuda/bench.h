@@ -81,6 +81,26 @@ enum sm70__bench_kv { SM70__BENCH_KV_F16, SM70__BENCH_KV_FP8_ALL, SM70__BENCH_KV
 int sm70__bench_attention(int n_heads, int n_kv, int D, int kv, int batch, int ctx,
 			  int iters, struct sm70__bench_attn *out);
 
+/* The walks of sm70__bench_kv_read: how a read-only kernel goes through the attention
+ * op's cache. HEADS: a block per (token, KV head, position range), as the op's kernels
+ * read, eight blocks an SM; OP_GRID: the same with the op's grid (two blocks an SM, filled
+ * once); ROWS: a block per (token, position range) reading every head of each position
+ * (whole rows); PAGE_HEADS: HEADS over the same bytes taken as pages of [head][position]
+ * (each head's rows of a 16-position page contiguous). */
+enum sm70__bench_kv_walk {
+	SM70__BENCH_KV_WALK_HEADS,
+	SM70__BENCH_KV_WALK_OP_GRID,
+	SM70__BENCH_KV_WALK_ROWS,
+	SM70__BENCH_KV_WALK_PAGE_HEADS,
+	SM70__BENCH_KV_WALKS
+};
+
+/* The cache of sm70__bench_attention(n_heads, n_kv, D, kv, batch, ctx) read by a plain
+ * kernel along walk, no attention math: what the layout and the grid allow the op. Bytes
+ * as the op's (q and out included). Returns 0 or -errno. */
+int sm70__bench_kv_read(int n_heads, int n_kv, int D, int kv, int batch, int ctx, int walk,
+			int iters, struct sm70__bench_attn *out);
+
 struct sm70__bench_prefill {
 	double us;        /* the attention op, the chunk on the prefill path */
 	double us_decode; /* the same tokens in a batch without chunks: the decode kernels */

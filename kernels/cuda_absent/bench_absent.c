@@ -45,6 +45,12 @@ int sm70__bench_attention(int n_heads, int n_kv, int D, int kv, int batch, int c
 	return -ENODEV;
 }
 
+int sm70__bench_kv_read(int n_heads, int n_kv, int D, int kv, int batch, int ctx, int walk,
+			int iters, struct sm70__bench_attn *out)
+{
+	return -ENODEV;
+}
+
 int sm70__bench_prefill(int n_heads, int n_kv, int D, int kv, int chunk, int ctx,
 			int iters, struct sm70__bench_prefill *out)
 {
