@@ -18,6 +18,10 @@
  * max, normaliser) to the backend's scratch and a merge kernel combines them (weights in
  * one pass, then 16-byte loads of every split at once).
  *
+ * Warp-specialised decode (SM70_ATTN_WS=1, under measurement): the same tile steps with
+ * the loads taken off the computing warps: producer warps fill a ring of shared-memory
+ * tiles (FP8 decoded on the way) while the 8 consumer warps compute; see attn_ws_kernel.
+ *
  * The fp32 SIMT kernel (SM70_ATTENTION=simt, or shapes the tensor-core path does not
  * take): one block per (token, KV head, split) as above, tiles copied (FP8 decoded) into
  * shared memory as f16, scores and P V in fp32 FMAs. Its body is attn_decode.h's, shared
@@ -226,6 +230,169 @@ static __device__ __forceinline__ void e4m3x16_to_f16_scaled(uint4 in, uint4 &lo
 	hi = make_uint4(dst[4], dst[5], dst[6], dst[7]);
 }
 
+/* ---- the tensor-core tile steps, shared by attn_tc_kernel and attn_ws_kernel --------- */
+
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> atc_acc;
+
+/* A barrier among n threads: __syncthreads for id 0, else named barrier id (n a multiple
+ * of 32, every thread of a warp taking part). */
+static __device__ __forceinline__ void atc_bar(int id, int n)
+{
+	if (id == 0)
+		__syncthreads();
+	else
+		asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+/* S = Q K^T of one tile into s_s: warp w takes column tile w % (TP/16) over its share of
+ * D (NSPL warps a column tile, their partial sums added by the softmax). */
+template <int D, int TP>
+static __device__ __forceinline__ void atc_scores(const __half *q_s, const __half *k_s,
+						  float *s_s, int warp)
+{
+	using namespace nvcuda;
+	using L = tcl<D, TP>;
+	constexpr int QS = L::QS, SS = L::SS, KST = D / 16 / L::NSPL;
+	const int ct = warp % (TP / 16), sp = warp / (TP / 16);
+	atc_acc sf;
+
+	wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+	for (int kk = 0; kk < KST; kk++) {
+		const int k0 = (sp * KST + kk) * 16;
+		wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> qa;
+		wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> kb;
+
+		wmma::load_matrix_sync(qa, q_s + k0, QS);
+		wmma::load_matrix_sync(kb, k_s + ct * 16 * QS + k0, QS);
+		wmma::mma_sync(sf, qa, kb, sf);
+	}
+	wmma::store_matrix_sync(s_s + sp * 16 * SS + ct * 16, sf, SS, wmma::mem_row_major);
+}
+
+/* The online softmax over a tile's nt scores, one warp per head (TC_WARPS warps): P
+ * rounded to f16 into p_s, each head's alpha repeated 16 times into al_m, m and l
+ * updated. kmul folds the scale and log2(e): scores in log2 units. */
+template <int D, int TP>
+static __device__ __forceinline__ void atc_softmax(const float *s_s, __half *p_s, float *al_m,
+						   float *m_s, float *l_s, int G, int nt,
+						   float kmul, int warp, int lane)
+{
+	using L = tcl<D, TP>;
+	constexpr int SS = L::SS, PS = L::PS, NSPL = L::NSPL;
+
+	for (int g = warp; g < G; g += TC_WARPS) {
+		float v[TP / 32], mx = -INFINITY, sum = 0.0f;
+
+#pragma unroll
+		for (int j = 0; j < TP / 32; j++) {
+			const int r = lane + 32 * j;
+			float sc = 0.0f;
+
+#pragma unroll
+			for (int sp = 0; sp < NSPL; sp++)
+				sc += s_s[sp * 16 * SS + g * SS + r];
+			v[j] = r < nt ? sc * kmul : -INFINITY;
+			mx = fmaxf(mx, v[j]);
+		}
+		mx = sm70__warp_max(mx);
+		const float m_old = m_s[g], m_new = fmaxf(m_old, mx);
+#pragma unroll
+		for (int j = 0; j < TP / 32; j++) {
+			const __half e = __float2half_rn(exp2f(v[j] - m_new));
+
+			p_s[g * PS + lane + 32 * j] = e;
+			sum += __half2float(e);
+		}
+		sum = sm70__warp_sum(sum);
+		const float alpha = exp2f(m_old - m_new);
+
+		if (lane < 16)
+			al_m[g * 16 + lane] = alpha;
+		if (lane == 0) {
+			l_s[g] = l_s[g] * alpha + sum;
+			m_s[g] = m_new;
+		}
+	}
+}
+
+/* O = O * alpha + P V: warp w owns O column tiles w, w + TC_WARPS, ... */
+template <int D, int TP, int NCT>
+static __device__ __forceinline__ void atc_pv(atc_acc (&acc)[NCT], const float *al_m,
+					      const __half *p_s, const __half *v_s, int warp)
+{
+	using namespace nvcuda;
+	using L = tcl<D, TP>;
+	constexpr int QS = L::QS, PS = L::PS;
+	atc_acc af;
+
+	wmma::load_matrix_sync(af, al_m, 16, wmma::mem_row_major);
+#pragma unroll
+	for (int ci = 0; ci < NCT; ci++)
+#pragma unroll
+		for (int e = 0; e < atc_acc::num_elements; e++)
+			acc[ci].x[e] *= af.x[e];
+#pragma unroll
+	for (int ci = 0; ci < NCT; ci++) {
+		const int ct = warp + ci * TC_WARPS;
+
+		if (ct >= D / 16)
+			break;
+#pragma unroll
+		for (int ks = 0; ks < TP / 16; ks++) {
+			wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pa;
+			wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> vb;
+
+			wmma::load_matrix_sync(pa, p_s + ks * 16, PS);
+			wmma::load_matrix_sync(vb, v_s + ks * 16 * QS + ct * 16, QS);
+			wmma::mma_sync(acc[ci], pa, vb, acc[ci]);
+		}
+	}
+}
+
+/* The block's result from its O fragments: staged through o_s (free shared memory of at
+ * least 16 (D + 4) floats) to the group's output rows when the block is the only split,
+ * else to its partials. The first n threads take part; bar (atc_bar's id) orders them. */
+template <int D, int NCT>
+static __device__ __forceinline__ void atc_finish(const struct sm70__attn_args &a,
+						  atc_acc (&acc)[NCT], float *o_s,
+						  const float *m_s, const float *l_s, int tok, int kvh,
+						  int split, int bar, int n)
+{
+	using namespace nvcuda;
+	constexpr int OS = D + 4;
+	const int tid = threadIdx.x, warp = tid >> 5, G = a.group;
+
+	atc_bar(bar, n); /* every warp done with the tiles o_s overlays */
+#pragma unroll
+	for (int ci = 0; ci < NCT; ci++) {
+		const int ct = warp + ci * TC_WARPS;
+
+		if (ct < D / 16)
+			wmma::store_matrix_sync(o_s + ct * 16, acc[ci], OS, wmma::mem_row_major);
+	}
+	atc_bar(bar, n);
+	if (a.nsplit == 1) {
+		__half *o = a.out + ((size_t)tok * a.n_heads + (size_t)kvh * G) * D;
+
+		for (int i = tid; i < G * D; i += n) {
+			const int g = i / D, dd = i - g * D;
+
+			o[i] = __float2half_rn(o_s[g * OS + dd] * a.v_mul / l_s[g]);
+		}
+		return;
+	}
+	for (int i = tid; i < G * (D + 2); i += n) {
+		const int g = i / (D + 2), j = i - g * (D + 2);
+		const int h = kvh * G + g;
+		float *pp = a.part + (((size_t)tok * a.n_heads + h) * a.nsplit + split) * ATTN_PR(D);
+
+		/* the merge works in natural-log units */
+		pp[j] = j == D ? m_s[g] * 0.6931471805599453f :
+			j == D + 1 ? l_s[g] : o_s[g * OS + j] * a.v_mul;
+	}
+}
+
 /* The merge folded into the split kernel (SM70_ATTN_FOLD=1): called by every thread of a
  * split block after its partials are written. The last of the (token, KV head)'s blocks
  * to arrive merges that head group's G rows with attn_merge_kernel's arithmetic in its
@@ -325,8 +492,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 	sm70__pdl_enter();
 	using namespace nvcuda;
 	using L = tcl<D, TP>;
-	typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_t;
-	constexpr int QS = L::QS, SS = L::SS, PS = L::PS, NSPL = L::NSPL;
+	constexpr int QS = L::QS, PS = L::PS;
 	constexpr int EPK = KF8 ? 16 : 8, EPV = VF8 ? 16 : 8; /* values per 16-byte load */
 	constexpr int CPK = D / EPK, CPV = D / EPV;           /* loads per row */
 	constexpr int CHK = (TP * CPK + TC_THREADS - 1) / TC_THREADS; /* loads a thread */
@@ -356,7 +522,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 	const __half *qt = a.q + (size_t)tok * a.q_ld + (size_t)kvh * G * D;
 	const float kmul = a.k_mul * LOG2E; /* scores in log2 units: exp2f below */
 	uint4 kr[NPF][CHK], vr[NPF][CHV];
-	acc_t acc[NCT];
+	atc_acc acc[NCT];
 
 	/* K and V of tile t into register slot d. One dtype: each load's slot serves K and V;
 	 * K FP8 with V f16: a row's K is half the loads of its V, so each has its own. */
@@ -450,95 +616,11 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 				ATC_LOAD(d, tt + NPF);
 			__syncthreads();
 
-			/* S = Q K^T: warp w takes column tile w % (TP/16) over its share of D */
-			{
-				const int ct = warp % (TP / 16), sp = warp / (TP / 16);
-				constexpr int KST = D / 16 / NSPL;
-				acc_t sf;
-
-				wmma::fill_fragment(sf, 0.0f);
-#pragma unroll
-				for (int kk = 0; kk < KST; kk++) {
-					const int k0 = (sp * KST + kk) * 16;
-					wmma::fragment<wmma::matrix_a, 16, 16, 16, __half,
-						       wmma::row_major> qa;
-					wmma::fragment<wmma::matrix_b, 16, 16, 16, __half,
-						       wmma::col_major> kb;
-
-					wmma::load_matrix_sync(qa, q_s + k0, QS);
-					wmma::load_matrix_sync(kb, k_s + ct * 16 * QS + k0, QS);
-					wmma::mma_sync(sf, qa, kb, sf);
-				}
-				wmma::store_matrix_sync(s_s + sp * 16 * SS + ct * 16, sf, SS,
-							wmma::mem_row_major);
-			}
+			atc_scores<D, TP>(q_s, k_s, s_s, warp);
 			__syncthreads();
-
-			/* online softmax, one warp per head */
-			for (int g = warp; g < G; g += TC_WARPS) {
-				float v[TP / 32], mx = -INFINITY, sum = 0.0f;
-
-#pragma unroll
-				for (int j = 0; j < TP / 32; j++) {
-					const int r = lane + 32 * j;
-					float sc = 0.0f;
-
-#pragma unroll
-					for (int sp = 0; sp < NSPL; sp++)
-						sc += s_s[sp * 16 * SS + g * SS + r];
-					v[j] = r < nt ? sc * kmul : -INFINITY;
-					mx = fmaxf(mx, v[j]);
-				}
-				mx = sm70__warp_max(mx);
-				const float m_old = m_s[g], m_new = fmaxf(m_old, mx);
-#pragma unroll
-				for (int j = 0; j < TP / 32; j++) {
-					const __half e = __float2half_rn(exp2f(v[j] - m_new));
-
-					p_s[g * PS + lane + 32 * j] = e;
-					sum += __half2float(e);
-				}
-				sum = sm70__warp_sum(sum);
-				const float alpha = exp2f(m_old - m_new);
-
-				if (lane < 16)
-					al_m[g * 16 + lane] = alpha;
-				if (lane == 0) {
-					l_s[g] = l_s[g] * alpha + sum;
-					m_s[g] = m_new;
-				}
-			}
+			atc_softmax<D, TP>(s_s, p_s, al_m, m_s, l_s, G, nt, kmul, warp, lane);
 			__syncthreads();
-
-			/* O = O * alpha + P V */
-			{
-				acc_t af;
-
-				wmma::load_matrix_sync(af, al_m, 16, wmma::mem_row_major);
-#pragma unroll
-				for (int ci = 0; ci < NCT; ci++)
-#pragma unroll
-					for (int e = 0; e < acc_t::num_elements; e++)
-						acc[ci].x[e] *= af.x[e];
-			}
-#pragma unroll
-			for (int ci = 0; ci < NCT; ci++) {
-				const int ct = warp + ci * TC_WARPS;
-
-				if (ct >= D / 16)
-					break;
-#pragma unroll
-				for (int ks = 0; ks < TP / 16; ks++) {
-					wmma::fragment<wmma::matrix_a, 16, 16, 16, __half,
-						       wmma::row_major> pa;
-					wmma::fragment<wmma::matrix_b, 16, 16, 16, __half,
-						       wmma::row_major> vb;
-
-					wmma::load_matrix_sync(pa, p_s + ks * 16, PS);
-					wmma::load_matrix_sync(vb, v_s + ks * 16 * QS + ct * 16, QS);
-					wmma::mma_sync(acc[ci], pa, vb, acc[ci]);
-				}
-			}
+			atc_pv<D, TP, NCT>(acc, al_m, p_s, v_s, warp);
 		}
 	}
 #undef ATC_LOAD
@@ -546,43 +628,9 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 #undef ATC_STAGE_ROW
 
 	/* O through shared memory (the K tile's space) to plain rows */
-	__syncthreads();
-	{
-		float *o_s = (float *)k_s;
-		constexpr int OS = D + 4;
-
-#pragma unroll
-		for (int ci = 0; ci < NCT; ci++) {
-			const int ct = warp + ci * TC_WARPS;
-
-			if (ct < D / 16)
-				wmma::store_matrix_sync(o_s + ct * 16, acc[ci], OS,
-							wmma::mem_row_major);
-		}
-		__syncthreads();
-		if (a.nsplit == 1) {
-			__half *o = a.out + ((size_t)tok * a.n_heads + (size_t)kvh * G) * D;
-
-			for (int i = tid; i < G * D; i += TC_THREADS) {
-				const int g = i / D, dd = i - g * D;
-
-				o[i] = __float2half_rn(o_s[g * OS + dd] * a.v_mul / l_s[g]);
-			}
-			return;
-		}
-		for (int i = tid; i < G * (D + 2); i += TC_THREADS) {
-			const int g = i / (D + 2), j = i - g * (D + 2);
-			const int h = kvh * G + g;
-			float *pp = a.part + (((size_t)tok * a.n_heads + h) * a.nsplit + split) *
-						     ATTN_PR(D);
-
-			/* the merge works in natural-log units */
-			pp[j] = j == D ? m_s[g] * 0.6931471805599453f :
-				j == D + 1 ? l_s[g] : o_s[g * OS + j] * a.v_mul;
-		}
-		if (a.count)
-			attn_fold_merge<D>(a, tok, kvh, (float *)sm);
-	}
+	atc_finish<D, NCT>(a, acc, (float *)k_s, m_s, l_s, tok, kvh, split, 0, TC_THREADS);
+	if (a.nsplit > 1 && a.count)
+		attn_fold_merge<D>(a, tok, kvh, (float *)sm);
 }
 
 /* Queues the tensor-core kernel (and the merge when split). -ENOSPC: the shape does not
@@ -646,6 +694,261 @@ static int attn_tc_pick(struct sm70__cuda *c, const struct sm70__attn_args &a, i
 			c, a, n_tokens, max_pos);
 	return attn_tc_launch<D, KF8, VF8, 64, attn_tc_npf<D, KF8, VF8, 64>()>(c, a, n_tokens,
 										max_pos);
+}
+
+/* ---- warp-specialised decode (SM70_ATTN_WS=1) --------------------------------------- */
+
+/*
+ * The tensor-core kernel's tile steps fed by producer warps: WS_PRODUCERS warps only load
+ * (two tiles in registers a thread, so one is in flight while the other is written to
+ * shared memory, FP8 decoded there) into a ring of WS_STAGES f16 tiles; the 8 consumer
+ * warps only compute. So the loads never wait for the math and the math never waits for
+ * a load it could have had earlier: the memory pipe stays busy while the consumers run
+ * S, the softmax and P V. Named barriers hand a stage over: FULL(s) (producers arrive,
+ * consumers wait) and EMPTY(s) (the reverse); the consumers' own steps are ordered by WS_CB.
+ * bar.arrive and bar.sync are SM70 instructions (PTX 6.0) and order shared memory for the
+ * threads that take part. One block an SM (the ring is 4 stages of about 34 KB).
+ */
+#define WS_CONSUMERS TC_THREADS
+#define WS_PRODUCERS 8
+#define WS_THREADS (WS_CONSUMERS + 32 * WS_PRODUCERS)
+#define WS_STAGES 4
+#define WS_FULL(s) (1 + (s))
+#define WS_EMPTY(s) (1 + WS_STAGES + (s))
+#define WS_CB (1 + 2 * WS_STAGES)
+
+/* Shared memory: the tensor-core kernel's (tcl) with its one K and V tile replaced by the
+ * ring of WS_STAGES, each a K tile then a V tile. */
+template <int D, int TP> struct wsl {
+	using L = tcl<D, TP>;
+	static constexpr size_t tile = (size_t)TP * L::QS * 2;
+	static constexpr size_t q_off = 0;
+	static constexpr size_t r_off = q_off + (size_t)16 * L::QS * 2;
+	static constexpr size_t s_off = r_off + WS_STAGES * 2 * tile;
+	static constexpr size_t p_off = s_off + (size_t)L::NSPL * 16 * L::SS * 4;
+	static constexpr size_t a_off = p_off + (size_t)16 * L::PS * 2;
+	static constexpr size_t f_off = a_off + (size_t)16 * 16 * 4;
+	static constexpr size_t bytes = f_off + 2 * 16 * 4;
+};
+
+static __device__ __forceinline__ void ws_arrive(int id, int n)
+{
+	asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+/* A producer thread's share of one tile: U 16-byte loads, unit u = pt + i * NP being
+ * chunk u % CPT of row u / CPT, the row's K chunks first, then its V chunks. */
+template <int D, bool KF8, bool VF8, int TP> struct ws_units {
+	static constexpr int CPK = D * (KF8 ? 1 : 2) / 16, CPV = D * (VF8 ? 1 : 2) / 16;
+	static constexpr int CPT = CPK + CPV, NP = 32 * WS_PRODUCERS;
+	static constexpr int U = (TP * CPT + NP - 1) / NP;
+};
+
+/* Loads tile t's units of producer thread pt into r (zeros past the range or the tile). */
+template <int D, bool KF8, bool VF8, int TP, int U>
+static __device__ __forceinline__ void ws_load(uint4 (&r)[U],
+					       const struct sm70__attn_args &a,
+					       const int32_t *bt, int kvh, int p0, int p1, int t,
+					       int pt)
+{
+	using W = ws_units<D, KF8, VF8, TP>;
+	const int t0 = p0 + t * TP, nt = min(TP, p1 - t0);
+
+#pragma unroll
+	for (int i = 0; i < U; i++) {
+		const int u = pt + i * W::NP, row = u / W::CPT, c = u - row * W::CPT;
+
+		r[i] = make_uint4(0, 0, 0, 0);
+		if (u < TP * W::CPT && row < nt) {
+			const int p = t0 + row;
+			const size_t kvrow = ((size_t)bt[p / a.bs] * a.bs + p % a.bs) * a.n_kv + kvh;
+
+			r[i] = c < W::CPK ? __ldg((const uint4 *)a.kc + kvrow * W::CPK + c) :
+					    __ldg((const uint4 *)a.vc + kvrow * W::CPV + (c - W::CPK));
+		}
+	}
+}
+
+/* Writes r (tile t) into its ring stage as f16 once the consumers have freed it, then
+ * hands the stage over. */
+template <int D, bool KF8, bool VF8, int TP, int U>
+static __device__ __forceinline__ void ws_store(const uint4 (&r)[U],
+						unsigned char *ring, int t, int pt)
+{
+	using W = ws_units<D, KF8, VF8, TP>;
+	constexpr int QS = tcl<D, TP>::QS;
+	const int s = t % WS_STAGES;
+	__half *k_s = (__half *)(ring + (size_t)s * 2 * wsl<D, TP>::tile);
+	__half *v_s = k_s + TP * QS;
+
+	if (t >= WS_STAGES)
+		atc_bar(WS_EMPTY(s), WS_THREADS);
+#pragma unroll
+	for (int i = 0; i < U; i++) {
+		const int u = pt + i * W::NP, row = u / W::CPT, c = u - row * W::CPT;
+		const bool is_k = c < W::CPK, f8 = is_k ? KF8 : VF8;
+		__half *dst = (is_k ? k_s : v_s) + row * QS + (is_k ? c : c - W::CPK) * (f8 ? 16 : 8);
+
+		if (u >= TP * W::CPT)
+			break;
+		if (f8) {
+			uint4 lo, hi;
+
+			e4m3x16_to_f16_scaled(r[i], lo, hi);
+			*(uint4 *)dst = lo;
+			*(uint4 *)(dst + 8) = hi;
+		} else {
+			*(uint4 *)dst = r[i];
+		}
+	}
+	ws_arrive(WS_FULL(s), WS_THREADS);
+}
+
+/* One block per (token, KV head, split): warps 0-7 compute as attn_tc_kernel does, warps
+ * 8.. load. K in FP8 when KF8, V when VF8 (else f16). */
+template <int D, bool KF8, bool VF8, int TP>
+static __global__ void __launch_bounds__(WS_THREADS, 1) attn_ws_kernel(struct sm70__attn_args a)
+{
+	sm70__pdl_enter();
+	using L = wsl<D, TP>;
+	using W = ws_units<D, KF8, VF8, TP>;
+	constexpr int QS = tcl<D, TP>::QS, PS = tcl<D, TP>::PS;
+	constexpr int NCT = (D / 16 + TC_WARPS - 1) / TC_WARPS;
+	constexpr float LOG2E = 1.4426950408889634f;
+	extern __shared__ __align__(128) unsigned char sm[];
+	__half *q_s = (__half *)(sm + L::q_off);
+	unsigned char *ring = sm + L::r_off;
+	float *s_s = (float *)(sm + L::s_off);
+	__half *p_s = (__half *)(sm + L::p_off);
+	float *al_m = (float *)(sm + L::a_off);
+	float *m_s = (float *)(sm + L::f_off), *l_s = m_s + 16;
+
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int G = a.group;
+	const int tok = blockIdx.x / a.n_kv, kvh = blockIdx.x - tok * a.n_kv;
+	const int split = blockIdx.y;
+	const int p0 = split * a.chunk, p1 = min(p0 + a.chunk, a.tok_pos[tok] + 1);
+	const int ntiles = p1 > p0 ? (p1 - p0 + TP - 1) / TP : 0;
+
+	if (tid >= WS_CONSUMERS) {
+		/* producer: tiles t and t + 1 in registers; each written as the next is loaded */
+		const int32_t *bt = a.block_tables + (size_t)a.tok_seq[tok] * a.max_blocks;
+		const int pt = tid - WS_CONSUMERS;
+		uint4 ra[W::U], rb[W::U];
+
+		if (ntiles > 0)
+			ws_load<D, KF8, VF8, TP>(ra, a, bt, kvh, p0, p1, 0, pt);
+		if (ntiles > 1)
+			ws_load<D, KF8, VF8, TP>(rb, a, bt, kvh, p0, p1, 1, pt);
+		for (int t = 0; t < ntiles; t += 2) {
+			ws_store<D, KF8, VF8, TP>(ra, ring, t, pt);
+			if (t + 2 < ntiles)
+				ws_load<D, KF8, VF8, TP>(ra, a, bt, kvh, p0, p1, t + 2, pt);
+			if (t + 1 >= ntiles)
+				break;
+			ws_store<D, KF8, VF8, TP>(rb, ring, t + 1, pt);
+			if (t + 3 < ntiles)
+				ws_load<D, KF8, VF8, TP>(rb, a, bt, kvh, p0, p1, t + 3, pt);
+		}
+		return; /* the consumers' barriers below count only themselves */
+	}
+
+	const __half *qt = a.q + (size_t)tok * a.q_ld + (size_t)kvh * G * D;
+	const float kmul = a.k_mul * LOG2E;
+	atc_acc acc[NCT];
+
+	for (int i = tid; i < 16 * (D / 8); i += WS_CONSUMERS) {
+		const int g = i / (D / 8), c8 = i - g * (D / 8);
+
+		*(uint4 *)(q_s + g * QS + c8 * 8) =
+			g < G ? __ldg((const uint4 *)(qt + (size_t)g * D) + c8) :
+				make_uint4(0, 0, 0, 0);
+	}
+	for (int i = tid; i < 16 * PS / 8; i += WS_CONSUMERS)
+		((uint4 *)p_s)[i] = make_uint4(0, 0, 0, 0);
+	if (tid < 16) {
+		m_s[tid] = -INFINITY;
+		l_s[tid] = 0.0f;
+	}
+	for (int i = tid; i < 256; i += WS_CONSUMERS)
+		al_m[i] = 1.0f;
+#pragma unroll
+	for (int ci = 0; ci < NCT; ci++)
+		nvcuda::wmma::fill_fragment(acc[ci], 0.0f);
+	atc_bar(WS_CB, WS_CONSUMERS);
+
+	for (int t = 0; t < ntiles; t++) {
+		const int s = t % WS_STAGES, nt = min(TP, p1 - (p0 + t * TP));
+		const __half *k_s = (const __half *)(ring + (size_t)s * 2 * L::tile);
+		const __half *v_s = k_s + TP * QS;
+
+		atc_bar(WS_FULL(s), WS_THREADS);
+		atc_scores<D, TP>(q_s, k_s, s_s, warp);
+		atc_bar(WS_CB, WS_CONSUMERS);
+		atc_softmax<D, TP>(s_s, p_s, al_m, m_s, l_s, G, nt, kmul, warp, lane);
+		atc_bar(WS_CB, WS_CONSUMERS);
+		atc_pv<D, TP, NCT>(acc, al_m, p_s, v_s, warp);
+		/* only where a producer will wait for it: no barrier is left half arrived */
+		if (t + WS_STAGES < ntiles)
+			ws_arrive(WS_EMPTY(s), WS_THREADS);
+	}
+	/* O staged in the ring's first stage: every tile's writes have been consumed */
+	atc_finish<D, NCT>(a, acc, (float *)ring, m_s, l_s, tok, kvh, split, WS_CB,
+			   WS_CONSUMERS);
+}
+
+/* SM70_ATTN_WS=1 sends the decode tokens through the warp-specialised kernel (under
+ * measurement; off by default); read once. */
+static int attn_want_ws(void)
+{
+	static int cached = -1;
+
+	if (cached < 0) {
+		const char *v = getenv("SM70_ATTN_WS");
+
+		cached = v && strcmp(v, "1") == 0;
+	}
+	return cached;
+}
+
+/* Queues the warp-specialised kernel (and the merge when split). -ENOSPC: the shape does
+ * not fit this device. */
+template <int D, bool KF8, bool VF8, int TP>
+static int attn_ws_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_tokens,
+			  int max_pos)
+{
+	const size_t smem = wsl<D, TP>::bytes;
+	const long blocks = (long)n_tokens * a.n_kv;
+	int resident;
+
+	static_assert((size_t)16 * (D + 4) * 4 <= 2 * wsl<D, TP>::tile, "O staging");
+	if (a.group > 16 || smem > c->smem_optin)
+		return -ENOSPC;
+	resident = sm70__cuda_resident(c, (const void *)attn_ws_kernel<D, KF8, VF8, TP>,
+				       WS_THREADS, smem);
+	if (c->sticky)
+		return -EIO;
+	if (resident < 1)
+		return -ENOSPC;
+	sm70__attn_size_split(c, &a, n_tokens, D, max_pos, (long)resident * c->n_sm / blocks, TP,
+			      TP);
+	sm70__launch_pdl(c, SM70__PDL_ATTN, attn_ws_kernel<D, KF8, VF8, TP>,
+			 dim3((unsigned)blocks, a.nsplit), dim3(WS_THREADS), smem, a);
+	if (SM70_CUDA_LAUNCHED(&c->be, "attn_ws_kernel"))
+		return -EIO;
+	if (a.nsplit > 1)
+		return attn_merge_launch(c, a, n_tokens, D);
+	return 0;
+}
+
+/* 64-position tiles, 32 at head_dim 256 (a ring stage of about 34 KB either way). */
+template <int D, bool KF8, bool VF8>
+static int attn_ws_pick(struct sm70__cuda *c, const struct sm70__attn_args &a, int n_tokens,
+			int max_pos)
+{
+	if (D < 64)
+		return -ENOSPC;
+	return attn_ws_launch<D, KF8, VF8, D >= 256 ? 32 : 64>(c, a, n_tokens, max_pos);
 }
 
 /* ---- prefill path ------------------------------------------------------------------ */
@@ -1071,6 +1374,16 @@ static int attn_tc(struct sm70__cuda *c, const struct sm70__attn_args &a, int D,
 	return sm70__kv_pair_call(pair, [&](auto kf8, auto vf8) {
 		constexpr bool K8 = decltype(kf8)::value, V8 = decltype(vf8)::value;
 
+		if (attn_want_ws()) {
+			switch (D) {
+			case 64:
+				return attn_ws_pick<64, K8, V8>(c, a, n_tokens, max_pos);
+			case 128:
+				return attn_ws_pick<128, K8, V8>(c, a, n_tokens, max_pos);
+			case 256:
+				return attn_ws_pick<256, K8, V8>(c, a, n_tokens, max_pos);
+			}
+		}
 		switch (D) {
 		case 32:
 			return attn_tc_pick<32, K8, V8>(c, a, n_tokens, max_pos);
