@@ -18,10 +18,6 @@
  * max, normaliser) to the backend's scratch and a merge kernel combines them (weights in
  * one pass, then 16-byte loads of every split at once).
  *
- * Warp-specialised decode (SM70_ATTN_WS=1, under measurement): the same tile steps with
- * the loads taken off the computing warps: producer warps fill a ring of shared-memory
- * tiles (FP8 decoded on the way) while the 8 consumer warps compute; see attn_ws_kernel.
- *
  * The fp32 SIMT kernel (SM70_ATTENTION=simt, or shapes the tensor-core path does not
  * take): one block per (token, KV head, split) as above, tiles copied (FP8 decoded) into
  * shared memory as f16, scores and P V in fp32 FMAs. Its body is attn_decode.h's, shared
@@ -230,19 +226,9 @@ static __device__ __forceinline__ void e4m3x16_to_f16_scaled(uint4 in, uint4 &lo
 	hi = make_uint4(dst[4], dst[5], dst[6], dst[7]);
 }
 
-/* ---- the tensor-core tile steps, shared by attn_tc_kernel and attn_ws_kernel --------- */
+/* ---- the tensor-core decode kernel's tile steps ------------------------------------- */
 
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> atc_acc;
-
-/* A barrier among n threads: __syncthreads for id 0, else named barrier id (n a multiple
- * of 32, every thread of a warp taking part). */
-static __device__ __forceinline__ void atc_bar(int id, int n)
-{
-	if (id == 0)
-		__syncthreads();
-	else
-		asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
 
 /* S = Q K^T of one tile into s_s: warp w takes column tile w % (TP/16) over its share of
  * D (NSPL warps a column tile, their partial sums added by the softmax). */
@@ -352,18 +338,18 @@ static __device__ __forceinline__ void atc_pv(atc_acc (&acc)[NCT], const float *
 
 /* The block's result from its O fragments: staged through o_s (free shared memory of at
  * least 16 (D + 4) floats) to the group's output rows when the block is the only split,
- * else to its partials. The first n threads take part; bar (atc_bar's id) orders them. */
+ * else to its partials. */
 template <int D, int NCT>
 static __device__ __forceinline__ void atc_finish(const struct sm70__attn_args &a,
 						  atc_acc (&acc)[NCT], float *o_s,
 						  const float *m_s, const float *l_s, int tok, int kvh,
-						  int split, int bar, int n)
+						  int split)
 {
 	using namespace nvcuda;
-	constexpr int OS = D + 4;
+	constexpr int OS = D + 4, n = TC_THREADS;
 	const int tid = threadIdx.x, warp = tid >> 5, G = a.group;
 
-	atc_bar(bar, n); /* every warp done with the tiles o_s overlays */
+	__syncthreads(); /* every warp done with the tiles o_s overlays */
 #pragma unroll
 	for (int ci = 0; ci < NCT; ci++) {
 		const int ct = warp + ci * TC_WARPS;
@@ -371,7 +357,7 @@ static __device__ __forceinline__ void atc_finish(const struct sm70__attn_args &
 		if (ct < D / 16)
 			wmma::store_matrix_sync(o_s + ct * 16, acc[ci], OS, wmma::mem_row_major);
 	}
-	atc_bar(bar, n);
+	__syncthreads();
 	if (a.nsplit == 1) {
 		__half *o = a.out + ((size_t)tok * a.n_heads + (size_t)kvh * G) * D;
 
@@ -433,6 +419,15 @@ static __device__ void attn_fold_merge(const struct sm70__attn_args &a, int tok,
 		a.count[blockIdx.x] = 0;
 }
 
+/* The cache slot of position p through block table bt (bs positions a block; bsh its log2
+ * when a power of two, else -1: a shift instead of a division on every load). */
+static __device__ __forceinline__ size_t atc_slot(const int32_t *bt, int p, int bs, int bsh)
+{
+	if (bsh >= 0)
+		return ((size_t)bt[p >> bsh] << bsh) + (size_t)(p & (bs - 1));
+	return (size_t)bt[p / bs] * bs + p % bs;
+}
+
 /* K FP8 with V f16 (the loads of the two differ in size): thread tid takes row tid / TPR
  * of tile t (positions p0 + t*TP ...), TPR = TC_THREADS / TP threads a row, so its slot,
  * block-table entry and divisions are worked out once for both tensors; its K loads are
@@ -450,7 +445,7 @@ static __device__ void attn_fold_merge(const struct sm70__attn_args &a, int tok,
 			(vregs)[c] = make_uint4(0, 0, 0, 0);                              \
 		if (r_ < p1 - t0_) {                                                      \
 			const int p_ = t0_ + r_;                                          \
-			const size_t row_ = ((size_t)bt[p_ / a.bs] * a.bs + p_ % a.bs) *  \
+			const size_t row_ = atc_slot(bt, p_, a.bs, bsh) *                 \
 					    a.n_kv + kvh;                                 \
 			const uint4 *kp_ =                                                \
 				(const uint4 *)((const char *)a.kc + row_ * D * KSZ);     \
@@ -486,8 +481,8 @@ static __device__ void attn_fold_merge(const struct sm70__attn_args &a, int tok,
 
 /* One block of 8 warps per (token, KV head, split), TP positions a tile, NPF tiles loaded
  * ahead into registers; K in FP8 when KF8, V when VF8 (else f16). */
-template <int D, bool KF8, bool VF8, int TP, int NPF>
-static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm70__attn_args a)
+template <int D, bool KF8, bool VF8, int TP, int NPF, int MINB>
+static __global__ void __launch_bounds__(TC_THREADS, MINB) attn_tc_kernel(struct sm70__attn_args a)
 {
 	sm70__pdl_enter();
 	using namespace nvcuda;
@@ -519,6 +514,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 	const int p1 = min(p0 + a.chunk, npos);
 	const int ntiles = p1 > p0 ? (p1 - p0 + TP - 1) / TP : 0;
 	const int32_t *bt = a.block_tables + (size_t)a.tok_seq[tok] * a.max_blocks;
+	const int bsh = (a.bs & (a.bs - 1)) ? -1 : __ffs(a.bs) - 1;
 	const __half *qt = a.q + (size_t)tok * a.q_ld + (size_t)kvh * G * D;
 	const float kmul = a.k_mul * LOG2E; /* scores in log2 units: exp2f below */
 	uint4 kr[NPF][CHK], vr[NPF][CHV];
@@ -536,7 +532,7 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 				if (idx_ < TP * CPK && r_ < nt_) {                        \
 					const int p_ = t0_ + r_;                          \
 					const size_t slot_ =                              \
-						(size_t)bt[p_ / a.bs] * a.bs + p_ % a.bs; \
+						atc_slot(bt, p_, a.bs, bsh);      \
 					const size_t off_ = ((slot_ * a.n_kv + kvh) * D + \
 							     (size_t)(idx_ - r_ * CPK) * EPK) * \
 							    KSZ;                          \
@@ -628,14 +624,14 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 #undef ATC_STAGE_ROW
 
 	/* O through shared memory (the K tile's space) to plain rows */
-	atc_finish<D, NCT>(a, acc, (float *)k_s, m_s, l_s, tok, kvh, split, 0, TC_THREADS);
+	atc_finish<D, NCT>(a, acc, (float *)k_s, m_s, l_s, tok, kvh, split);
 	if (a.nsplit > 1 && a.count)
 		attn_fold_merge<D>(a, tok, kvh, (float *)sm);
 }
 
 /* Queues the tensor-core kernel (and the merge when split). -ENOSPC: the shape does not
  * fit this device; the caller falls back. */
-template <int D, bool KF8, bool VF8, int TP, int NPF>
+template <int D, bool KF8, bool VF8, int TP, int NPF, int MINB>
 static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_tokens, int max_pos)
 {
 	const size_t smem = tcl<D, TP>::bytes;
@@ -644,7 +640,11 @@ static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_
 
 	if (a.group > 16 || smem > c->smem_optin)
 		return -ENOSPC;
-	resident = sm70__cuda_resident(c, (const void *)attn_tc_kernel<D, KF8, VF8, TP, NPF>,
+	/* three blocks of 50 KB: a carveout the driver may not pick for a few registers less */
+	if (MINB > 2 &&
+	    sm70__cuda_prefer_shared(c, (const void *)attn_tc_kernel<D, KF8, VF8, TP, NPF, MINB>))
+		return -EIO;
+	resident = sm70__cuda_resident(c, (const void *)attn_tc_kernel<D, KF8, VF8, TP, NPF, MINB>,
 				       TC_THREADS, smem);
 	if (c->sticky)
 		return -EIO;
@@ -658,7 +658,7 @@ static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_
 	if (c->attn_count && a.nsplit > 1 && blocks <= SM70__CUDA_ATTN_COUNTERS &&
 	    (size_t)2 * a.group * a.nsplit * sizeof(float) <= smem)
 		a.count = c->attn_count;
-	sm70__launch_pdl(c, SM70__PDL_ATTN, attn_tc_kernel<D, KF8, VF8, TP, NPF>,
+	sm70__launch_pdl(c, SM70__PDL_ATTN, attn_tc_kernel<D, KF8, VF8, TP, NPF, MINB>,
 			 dim3((unsigned)blocks, a.nsplit), dim3(TC_THREADS), smem, a);
 	if (SM70_CUDA_LAUNCHED(&c->be, "attn_tc_kernel"))
 		return -EIO;
@@ -684,271 +684,47 @@ template <int D, bool KF8, bool VF8, int TP> static constexpr int attn_tc_npf()
 	return (KF8 ? 2 : 1) * (TP == 64 ? 1 : 2);
 }
 
+/*
+ * Blocks an SM the kernel is compiled for (MINB): its registers bound the bytes in flight,
+ * one or two tiles a block. Three at head_dim up to 128 with K and V of one dtype (80
+ * registers, no spills; sm_90, -Xptxas -v): 96 KB of f16 loads in flight an SM instead of
+ * 64, which a plain read of the same cache needed to pass 60% of bandwidth at B1 16K
+ * (docs/PERFORMANCE.md, "The KV read walks"). K FP8 with V f16 and head_dim 256 spill at
+ * three, so two. SM70_ATTN_BLOCKS=2 or 3 picks between the two where both are built.
+ */
+template <int D, bool KF8, bool VF8> static constexpr int attn_tc_minb()
+{
+	return D <= 128 && KF8 == VF8 ? 3 : 2;
+}
+
+/* Blocks an SM of the kernels that take three (attn_tc_minb): ATTN_BLOCKS unless
+ * SM70_ATTN_BLOCKS says 2 or 3; read once. */
+#define ATTN_BLOCKS 2
+static int attn_blocks(void)
+{
+	static int cached = -1;
+
+	if (cached < 0) {
+		const char *v = getenv("SM70_ATTN_BLOCKS");
+
+		cached = v && (!strcmp(v, "2") || !strcmp(v, "3")) ? atoi(v) : ATTN_BLOCKS;
+	}
+	return cached;
+}
+
 /* 64-position tiles; 32 for head_dim 256 where shared memory is small (before sm_80). */
 template <int D, bool KF8, bool VF8>
 static int attn_tc_pick(struct sm70__cuda *c, const struct sm70__attn_args &a, int n_tokens,
 			int max_pos)
 {
+	constexpr int NPF = attn_tc_npf<D, KF8, VF8, 64>(), MINB = attn_tc_minb<D, KF8, VF8>();
+
 	if (D == 256 && tcl<256, 64>::bytes > c->smem_optin)
-		return attn_tc_launch<256, KF8, VF8, 32, attn_tc_npf<256, KF8, VF8, 32>()>(
+		return attn_tc_launch<256, KF8, VF8, 32, attn_tc_npf<256, KF8, VF8, 32>(), 2>(
 			c, a, n_tokens, max_pos);
-	return attn_tc_launch<D, KF8, VF8, 64, attn_tc_npf<D, KF8, VF8, 64>()>(c, a, n_tokens,
-										max_pos);
-}
-
-/* ---- warp-specialised decode (SM70_ATTN_WS=1) --------------------------------------- */
-
-/*
- * The tensor-core kernel's tile steps fed by producer warps: WS_PRODUCERS warps only load
- * (two tiles in registers a thread, so one is in flight while the other is written to
- * shared memory, FP8 decoded there) into a ring of WS_STAGES f16 tiles; the 8 consumer
- * warps only compute. So the loads never wait for the math and the math never waits for
- * a load it could have had earlier: the memory pipe stays busy while the consumers run
- * S, the softmax and P V. Named barriers hand a stage over: FULL(s) (producers arrive,
- * consumers wait) and EMPTY(s) (the reverse); the consumers' own steps are ordered by WS_CB.
- * bar.arrive and bar.sync are SM70 instructions (PTX 6.0) and order shared memory for the
- * threads that take part. One block an SM (the ring is 4 stages of about 34 KB).
- */
-#define WS_CONSUMERS TC_THREADS
-#define WS_PRODUCERS 8
-#define WS_THREADS (WS_CONSUMERS + 32 * WS_PRODUCERS)
-#define WS_STAGES 4
-#define WS_FULL(s) (1 + (s))
-#define WS_EMPTY(s) (1 + WS_STAGES + (s))
-#define WS_CB (1 + 2 * WS_STAGES)
-
-/* Shared memory: the tensor-core kernel's (tcl) with its one K and V tile replaced by the
- * ring of WS_STAGES, each a K tile then a V tile. */
-template <int D, int TP> struct wsl {
-	using L = tcl<D, TP>;
-	static constexpr size_t tile = (size_t)TP * L::QS * 2;
-	static constexpr size_t q_off = 0;
-	static constexpr size_t r_off = q_off + (size_t)16 * L::QS * 2;
-	static constexpr size_t s_off = r_off + WS_STAGES * 2 * tile;
-	static constexpr size_t p_off = s_off + (size_t)L::NSPL * 16 * L::SS * 4;
-	static constexpr size_t a_off = p_off + (size_t)16 * L::PS * 2;
-	static constexpr size_t f_off = a_off + (size_t)16 * 16 * 4;
-	static constexpr size_t bytes = f_off + 2 * 16 * 4;
-};
-
-static __device__ __forceinline__ void ws_arrive(int id, int n)
-{
-	asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-
-/* A producer thread's share of one tile: U 16-byte loads, unit u = pt + i * NP being
- * chunk u % CPT of row u / CPT, the row's K chunks first, then its V chunks. */
-template <int D, bool KF8, bool VF8, int TP> struct ws_units {
-	static constexpr int CPK = D * (KF8 ? 1 : 2) / 16, CPV = D * (VF8 ? 1 : 2) / 16;
-	static constexpr int CPT = CPK + CPV, NP = 32 * WS_PRODUCERS;
-	static constexpr int U = (TP * CPT + NP - 1) / NP;
-};
-
-/* Loads tile t's units of producer thread pt into r (zeros past the range or the tile). */
-template <int D, bool KF8, bool VF8, int TP, int U>
-static __device__ __forceinline__ void ws_load(uint4 (&r)[U],
-					       const struct sm70__attn_args &a,
-					       const int32_t *bt, int kvh, int p0, int p1, int t,
-					       int pt)
-{
-	using W = ws_units<D, KF8, VF8, TP>;
-	const int t0 = p0 + t * TP, nt = min(TP, p1 - t0);
-
-#pragma unroll
-	for (int i = 0; i < U; i++) {
-		const int u = pt + i * W::NP, row = u / W::CPT, c = u - row * W::CPT;
-
-		r[i] = make_uint4(0, 0, 0, 0);
-		if (u < TP * W::CPT && row < nt) {
-			const int p = t0 + row;
-			const size_t kvrow = ((size_t)bt[p / a.bs] * a.bs + p % a.bs) * a.n_kv + kvh;
-
-			r[i] = c < W::CPK ? __ldg((const uint4 *)a.kc + kvrow * W::CPK + c) :
-					    __ldg((const uint4 *)a.vc + kvrow * W::CPV + (c - W::CPK));
-		}
-	}
-}
-
-/* Writes r (tile t) into its ring stage as f16 once the consumers have freed it, then
- * hands the stage over. */
-template <int D, bool KF8, bool VF8, int TP, int U>
-static __device__ __forceinline__ void ws_store(const uint4 (&r)[U],
-						unsigned char *ring, int t, int pt)
-{
-	using W = ws_units<D, KF8, VF8, TP>;
-	constexpr int QS = tcl<D, TP>::QS;
-	const int s = t % WS_STAGES;
-	__half *k_s = (__half *)(ring + (size_t)s * 2 * wsl<D, TP>::tile);
-	__half *v_s = k_s + TP * QS;
-
-	if (t >= WS_STAGES)
-		atc_bar(WS_EMPTY(s), WS_THREADS);
-#pragma unroll
-	for (int i = 0; i < U; i++) {
-		const int u = pt + i * W::NP, row = u / W::CPT, c = u - row * W::CPT;
-		const bool is_k = c < W::CPK, f8 = is_k ? KF8 : VF8;
-		__half *dst = (is_k ? k_s : v_s) + row * QS + (is_k ? c : c - W::CPK) * (f8 ? 16 : 8);
-
-		if (u >= TP * W::CPT)
-			break;
-		if (f8) {
-			uint4 lo, hi;
-
-			e4m3x16_to_f16_scaled(r[i], lo, hi);
-			*(uint4 *)dst = lo;
-			*(uint4 *)(dst + 8) = hi;
-		} else {
-			*(uint4 *)dst = r[i];
-		}
-	}
-	ws_arrive(WS_FULL(s), WS_THREADS);
-}
-
-/* One block per (token, KV head, split): warps 0-7 compute as attn_tc_kernel does, warps
- * 8.. load. K in FP8 when KF8, V when VF8 (else f16). */
-template <int D, bool KF8, bool VF8, int TP>
-static __global__ void __launch_bounds__(WS_THREADS, 1) attn_ws_kernel(struct sm70__attn_args a)
-{
-	sm70__pdl_enter();
-	using L = wsl<D, TP>;
-	using W = ws_units<D, KF8, VF8, TP>;
-	constexpr int QS = tcl<D, TP>::QS, PS = tcl<D, TP>::PS;
-	constexpr int NCT = (D / 16 + TC_WARPS - 1) / TC_WARPS;
-	constexpr float LOG2E = 1.4426950408889634f;
-	extern __shared__ __align__(128) unsigned char sm[];
-	__half *q_s = (__half *)(sm + L::q_off);
-	unsigned char *ring = sm + L::r_off;
-	float *s_s = (float *)(sm + L::s_off);
-	__half *p_s = (__half *)(sm + L::p_off);
-	float *al_m = (float *)(sm + L::a_off);
-	float *m_s = (float *)(sm + L::f_off), *l_s = m_s + 16;
-
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const int G = a.group;
-	const int tok = blockIdx.x / a.n_kv, kvh = blockIdx.x - tok * a.n_kv;
-	const int split = blockIdx.y;
-	const int p0 = split * a.chunk, p1 = min(p0 + a.chunk, a.tok_pos[tok] + 1);
-	const int ntiles = p1 > p0 ? (p1 - p0 + TP - 1) / TP : 0;
-
-	if (tid >= WS_CONSUMERS) {
-		/* producer: tiles t and t + 1 in registers; each written as the next is loaded */
-		const int32_t *bt = a.block_tables + (size_t)a.tok_seq[tok] * a.max_blocks;
-		const int pt = tid - WS_CONSUMERS;
-		uint4 ra[W::U], rb[W::U];
-
-		if (ntiles > 0)
-			ws_load<D, KF8, VF8, TP>(ra, a, bt, kvh, p0, p1, 0, pt);
-		if (ntiles > 1)
-			ws_load<D, KF8, VF8, TP>(rb, a, bt, kvh, p0, p1, 1, pt);
-		for (int t = 0; t < ntiles; t += 2) {
-			ws_store<D, KF8, VF8, TP>(ra, ring, t, pt);
-			if (t + 2 < ntiles)
-				ws_load<D, KF8, VF8, TP>(ra, a, bt, kvh, p0, p1, t + 2, pt);
-			if (t + 1 >= ntiles)
-				break;
-			ws_store<D, KF8, VF8, TP>(rb, ring, t + 1, pt);
-			if (t + 3 < ntiles)
-				ws_load<D, KF8, VF8, TP>(rb, a, bt, kvh, p0, p1, t + 3, pt);
-		}
-		return; /* the consumers' barriers below count only themselves */
-	}
-
-	const __half *qt = a.q + (size_t)tok * a.q_ld + (size_t)kvh * G * D;
-	const float kmul = a.k_mul * LOG2E;
-	atc_acc acc[NCT];
-
-	for (int i = tid; i < 16 * (D / 8); i += WS_CONSUMERS) {
-		const int g = i / (D / 8), c8 = i - g * (D / 8);
-
-		*(uint4 *)(q_s + g * QS + c8 * 8) =
-			g < G ? __ldg((const uint4 *)(qt + (size_t)g * D) + c8) :
-				make_uint4(0, 0, 0, 0);
-	}
-	for (int i = tid; i < 16 * PS / 8; i += WS_CONSUMERS)
-		((uint4 *)p_s)[i] = make_uint4(0, 0, 0, 0);
-	if (tid < 16) {
-		m_s[tid] = -INFINITY;
-		l_s[tid] = 0.0f;
-	}
-	for (int i = tid; i < 256; i += WS_CONSUMERS)
-		al_m[i] = 1.0f;
-#pragma unroll
-	for (int ci = 0; ci < NCT; ci++)
-		nvcuda::wmma::fill_fragment(acc[ci], 0.0f);
-	atc_bar(WS_CB, WS_CONSUMERS);
-
-	for (int t = 0; t < ntiles; t++) {
-		const int s = t % WS_STAGES, nt = min(TP, p1 - (p0 + t * TP));
-		const __half *k_s = (const __half *)(ring + (size_t)s * 2 * L::tile);
-		const __half *v_s = k_s + TP * QS;
-
-		atc_bar(WS_FULL(s), WS_THREADS);
-		atc_scores<D, TP>(q_s, k_s, s_s, warp);
-		atc_bar(WS_CB, WS_CONSUMERS);
-		atc_softmax<D, TP>(s_s, p_s, al_m, m_s, l_s, G, nt, kmul, warp, lane);
-		atc_bar(WS_CB, WS_CONSUMERS);
-		atc_pv<D, TP, NCT>(acc, al_m, p_s, v_s, warp);
-		/* only where a producer will wait for it: no barrier is left half arrived */
-		if (t + WS_STAGES < ntiles)
-			ws_arrive(WS_EMPTY(s), WS_THREADS);
-	}
-	/* O staged in the ring's first stage: every tile's writes have been consumed */
-	atc_finish<D, NCT>(a, acc, (float *)ring, m_s, l_s, tok, kvh, split, WS_CB,
-			   WS_CONSUMERS);
-}
-
-/* SM70_ATTN_WS=1 sends the decode tokens through the warp-specialised kernel (under
- * measurement; off by default); read once. */
-static int attn_want_ws(void)
-{
-	static int cached = -1;
-
-	if (cached < 0) {
-		const char *v = getenv("SM70_ATTN_WS");
-
-		cached = v && strcmp(v, "1") == 0;
-	}
-	return cached;
-}
-
-/* Queues the warp-specialised kernel (and the merge when split). -ENOSPC: the shape does
- * not fit this device. */
-template <int D, bool KF8, bool VF8, int TP>
-static int attn_ws_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_tokens,
-			  int max_pos)
-{
-	const size_t smem = wsl<D, TP>::bytes;
-	const long blocks = (long)n_tokens * a.n_kv;
-	int resident;
-
-	static_assert((size_t)16 * (D + 4) * 4 <= 2 * wsl<D, TP>::tile, "O staging");
-	if (a.group > 16 || smem > c->smem_optin)
-		return -ENOSPC;
-	resident = sm70__cuda_resident(c, (const void *)attn_ws_kernel<D, KF8, VF8, TP>,
-				       WS_THREADS, smem);
-	if (c->sticky)
-		return -EIO;
-	if (resident < 1)
-		return -ENOSPC;
-	sm70__attn_size_split(c, &a, n_tokens, D, max_pos, (long)resident * c->n_sm / blocks, TP,
-			      TP);
-	sm70__launch_pdl(c, SM70__PDL_ATTN, attn_ws_kernel<D, KF8, VF8, TP>,
-			 dim3((unsigned)blocks, a.nsplit), dim3(WS_THREADS), smem, a);
-	if (SM70_CUDA_LAUNCHED(&c->be, "attn_ws_kernel"))
-		return -EIO;
-	if (a.nsplit > 1)
-		return attn_merge_launch(c, a, n_tokens, D);
-	return 0;
-}
-
-/* 64-position tiles, 32 at head_dim 256 (a ring stage of about 34 KB either way). */
-template <int D, bool KF8, bool VF8>
-static int attn_ws_pick(struct sm70__cuda *c, const struct sm70__attn_args &a, int n_tokens,
-			int max_pos)
-{
-	if (D < 64)
-		return -ENOSPC;
-	return attn_ws_launch<D, KF8, VF8, D >= 256 ? 32 : 64>(c, a, n_tokens, max_pos);
+	if (MINB != 2 && attn_blocks() == MINB)
+		return attn_tc_launch<D, KF8, VF8, 64, NPF, MINB>(c, a, n_tokens, max_pos);
+	return attn_tc_launch<D, KF8, VF8, 64, NPF, 2>(c, a, n_tokens, max_pos);
 }
 
 /* ---- prefill path ------------------------------------------------------------------ */
@@ -1374,16 +1150,6 @@ static int attn_tc(struct sm70__cuda *c, const struct sm70__attn_args &a, int D,
 	return sm70__kv_pair_call(pair, [&](auto kf8, auto vf8) {
 		constexpr bool K8 = decltype(kf8)::value, V8 = decltype(vf8)::value;
 
-		if (attn_want_ws()) {
-			switch (D) {
-			case 64:
-				return attn_ws_pick<64, K8, V8>(c, a, n_tokens, max_pos);
-			case 128:
-				return attn_ws_pick<128, K8, V8>(c, a, n_tokens, max_pos);
-			case 256:
-				return attn_ws_pick<256, K8, V8>(c, a, n_tokens, max_pos);
-			}
-		}
 		switch (D) {
 		case 32:
 			return attn_tc_pick<32, K8, V8>(c, a, n_tokens, max_pos);
