@@ -16,7 +16,9 @@
  * stays busy; the first tiles' loads go out before q is staged. Positions are split over
  * enough blocks to fill every SM once (split-KV); each split writes (unnormalised sum,
  * max, normaliser) to the backend's scratch and a merge kernel combines them (weights in
- * one pass, then 16-byte loads of every split at once).
+ * one pass, then 16-byte loads of every split at once). An SM holds two blocks, or three
+ * at head_dim up to 128 with one KV dtype under SM70_ATTN_BLOCKS=3 (attn_tc_minb: more
+ * loads in flight, which is what B1 at long context lacks).
  *
  * The fp32 SIMT kernel (SM70_ATTENTION=simt, or shapes the tensor-core path does not
  * take): one block per (token, KV head, split) as above, tiles copied (FP8 decoded) into
