@@ -64,7 +64,7 @@ if [ $quick -eq 1 ] && [ -x "$B/tests/test_fixtures" ]; then
 fi
 for t in test_cuda_ops test_cuda_moe test_cuda_moe_nvfp4 test_graphs; do
 	[ -x "$B/tests-gpu/$t" ] || continue
-	run_one "$t-experiments" env SM70_PDL=all SM70_GEMV_WARPS=4 SM70_ATTN_FOLD=1 SM70_ATTN_BLOCKS=3 \
+	run_one "$t-experiments" env SM70_PDL=all SM70_GEMV_WARPS=4 SM70_ATTN_FOLD=1 \
 		"$B/tests-gpu/$t"
 done
 # the B1 dot kernel at three blocks an SM on every shape (variant 5 takes it by shape)
@@ -81,10 +81,9 @@ if [ -x "$B/tests/test_fixtures" ]; then
 	run_one fixtures-cuda-batch-invariant env SM70_BACKEND=cuda SM70_BATCH_INVARIANT=1 \
 		"$B/tests/test_fixtures"
 	# the switches not on by default: every overlapped-launch kind, 8-warp GEMVs only (the
-	# path back from auto), the attention merge folded into its split kernel, the
-	# tensor-core decode attention at three blocks an SM
+	# path back from auto), the attention merge folded into its split kernel
 	run_one fixtures-cuda-experiments env SM70_BACKEND=cuda SM70_PDL=all SM70_GEMV_WARPS=8 \
-		SM70_ATTN_FOLD=1 SM70_ATTN_BLOCKS=3 \
+		SM70_ATTN_FOLD=1 \
 		"$B/tests/test_fixtures"
 	run_one fixtures-cuda-reference env SM70_BACKEND=cuda SM70_GRAPHS=0 SM70_MATMUL=reference \
 		SM70_ATTENTION=reference SM70_SAMPLER=reference SM70_FUSED=0 SM70_GDN=reference SM70_MOE=reference SM70_PDL=0 SM70_GEMV_SPLIT=0 \

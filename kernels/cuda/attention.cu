@@ -16,9 +16,7 @@
  * stays busy; the first tiles' loads go out before q is staged. Positions are split over
  * enough blocks to fill every SM once (split-KV); each split writes (unnormalised sum,
  * max, normaliser) to the backend's scratch and a merge kernel combines them (weights in
- * one pass, then 16-byte loads of every split at once). An SM holds two blocks, or three
- * at head_dim up to 128 with one KV dtype under SM70_ATTN_BLOCKS=3 (attn_tc_minb: more
- * loads in flight, which is what B1 at long context lacks).
+ * one pass, then 16-byte loads of every split at once).
  *
  * The fp32 SIMT kernel (SM70_ATTENTION=simt, or shapes the tensor-core path does not
  * take): one block per (token, KV head, split) as above, tiles copied (FP8 decoded) into
@@ -483,8 +481,8 @@ static __device__ __forceinline__ size_t atc_slot(const int32_t *bt, int p, int 
 
 /* One block of 8 warps per (token, KV head, split), TP positions a tile, NPF tiles loaded
  * ahead into registers; K in FP8 when KF8, V when VF8 (else f16). */
-template <int D, bool KF8, bool VF8, int TP, int NPF, int MINB>
-static __global__ void __launch_bounds__(TC_THREADS, MINB) attn_tc_kernel(struct sm70__attn_args a)
+template <int D, bool KF8, bool VF8, int TP, int NPF>
+static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm70__attn_args a)
 {
 	sm70__pdl_enter();
 	using namespace nvcuda;
@@ -633,7 +631,7 @@ static __global__ void __launch_bounds__(TC_THREADS, MINB) attn_tc_kernel(struct
 
 /* Queues the tensor-core kernel (and the merge when split). -ENOSPC: the shape does not
  * fit this device; the caller falls back. */
-template <int D, bool KF8, bool VF8, int TP, int NPF, int MINB>
+template <int D, bool KF8, bool VF8, int TP, int NPF>
 static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_tokens, int max_pos)
 {
 	const size_t smem = tcl<D, TP>::bytes;
@@ -642,11 +640,7 @@ static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_
 
 	if (a.group > 16 || smem > c->smem_optin)
 		return -ENOSPC;
-	/* three blocks of 50 KB: a carveout the driver may not pick for a few registers less */
-	if (MINB > 2 &&
-	    sm70__cuda_prefer_shared(c, (const void *)attn_tc_kernel<D, KF8, VF8, TP, NPF, MINB>))
-		return -EIO;
-	resident = sm70__cuda_resident(c, (const void *)attn_tc_kernel<D, KF8, VF8, TP, NPF, MINB>,
+	resident = sm70__cuda_resident(c, (const void *)attn_tc_kernel<D, KF8, VF8, TP, NPF>,
 				       TC_THREADS, smem);
 	if (c->sticky)
 		return -EIO;
@@ -660,7 +654,7 @@ static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_
 	if (c->attn_count && a.nsplit > 1 && blocks <= SM70__CUDA_ATTN_COUNTERS &&
 	    (size_t)2 * a.group * a.nsplit * sizeof(float) <= smem)
 		a.count = c->attn_count;
-	sm70__launch_pdl(c, SM70__PDL_ATTN, attn_tc_kernel<D, KF8, VF8, TP, NPF, MINB>,
+	sm70__launch_pdl(c, SM70__PDL_ATTN, attn_tc_kernel<D, KF8, VF8, TP, NPF>,
 			 dim3((unsigned)blocks, a.nsplit), dim3(TC_THREADS), smem, a);
 	if (SM70_CUDA_LAUNCHED(&c->be, "attn_tc_kernel"))
 		return -EIO;
@@ -686,47 +680,16 @@ template <int D, bool KF8, bool VF8, int TP> static constexpr int attn_tc_npf()
 	return (KF8 ? 2 : 1) * (TP == 64 ? 1 : 2);
 }
 
-/*
- * Blocks an SM the kernel is compiled for (MINB): its registers bound the bytes in flight,
- * one or two tiles a block. Three at head_dim up to 128 with K and V of one dtype (80
- * registers, no spills; sm_90, -Xptxas -v): 96 KB of f16 loads in flight an SM instead of
- * 64, which a plain read of the same cache needed to pass 60% of bandwidth at B1 16K
- * (docs/PERFORMANCE.md, "The KV read walks"). K FP8 with V f16 and head_dim 256 spill at
- * three, so two. SM70_ATTN_BLOCKS=2 or 3 picks between the two where both are built.
- */
-template <int D, bool KF8, bool VF8> static constexpr int attn_tc_minb()
-{
-	return D <= 128 && KF8 == VF8 ? 3 : 2;
-}
-
-/* Blocks an SM of the kernels that take three (attn_tc_minb): ATTN_BLOCKS unless
- * SM70_ATTN_BLOCKS says 2 or 3; read once. */
-#define ATTN_BLOCKS 2
-static int attn_blocks(void)
-{
-	static int cached = -1;
-
-	if (cached < 0) {
-		const char *v = getenv("SM70_ATTN_BLOCKS");
-
-		cached = v && (!strcmp(v, "2") || !strcmp(v, "3")) ? atoi(v) : ATTN_BLOCKS;
-	}
-	return cached;
-}
-
 /* 64-position tiles; 32 for head_dim 256 where shared memory is small (before sm_80). */
 template <int D, bool KF8, bool VF8>
 static int attn_tc_pick(struct sm70__cuda *c, const struct sm70__attn_args &a, int n_tokens,
 			int max_pos)
 {
-	constexpr int NPF = attn_tc_npf<D, KF8, VF8, 64>(), MINB = attn_tc_minb<D, KF8, VF8>();
-
 	if (D == 256 && tcl<256, 64>::bytes > c->smem_optin)
-		return attn_tc_launch<256, KF8, VF8, 32, attn_tc_npf<256, KF8, VF8, 32>(), 2>(
+		return attn_tc_launch<256, KF8, VF8, 32, attn_tc_npf<256, KF8, VF8, 32>()>(
 			c, a, n_tokens, max_pos);
-	if (MINB != 2 && attn_blocks() == MINB)
-		return attn_tc_launch<D, KF8, VF8, 64, NPF, MINB>(c, a, n_tokens, max_pos);
-	return attn_tc_launch<D, KF8, VF8, 64, NPF, 2>(c, a, n_tokens, max_pos);
+	return attn_tc_launch<D, KF8, VF8, 64, attn_tc_npf<D, KF8, VF8, 64>()>(c, a, n_tokens,
+										max_pos);
 }
 
 /* ---- prefill path ------------------------------------------------------------------ */

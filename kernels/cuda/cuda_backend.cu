@@ -216,19 +216,6 @@ int sm70__cuda_smem_optin(struct sm70__cuda *c, const void *fn)
 	return 0;
 }
 
-/* The fact (fn, -1, 0) records that the carveout was asked for. */
-int sm70__cuda_prefer_shared(struct sm70__cuda *c, const void *fn)
-{
-	if (kernel_fact(c, fn, -1, 0))
-		return 0;
-	if (SM70_CUDA_CHECK(&c->be, cudaFuncSetAttribute(
-					    fn, cudaFuncAttributePreferredSharedMemoryCarveout,
-					    (int)cudaSharedmemCarveoutMaxShared)))
-		return -EIO;
-	remember_fact(c, fn, -1, 0, 1);
-	return 0;
-}
-
 int sm70__cuda_resident(struct sm70__cuda *c, const void *fn, int threads, size_t smem)
 {
 	const struct sm70__cuda_kernel_fact *f = kernel_fact(c, fn, threads, smem);

@@ -133,12 +133,6 @@ const void *sm70__cuda_host_ptr(const struct sm70__cuda *c, const void *p);
  * 0 or -EIO. Defined in cuda_backend.cu, as is the next. */
 int sm70__cuda_smem_optin(struct sm70__cuda *c, const void *fn);
 
-/* Asks that an SM running kernel fn give the most of its memory to shared memory and the
- * least to L1 (cudaFuncAttributePreferredSharedMemoryCarveout): for a kernel whose blocks
- * an SM should hold more of than a default split would fit, and that streams its data past
- * L1 anyway. Once per backend; 0 or -EIO. */
-int sm70__cuda_prefer_shared(struct sm70__cuda *c, const void *fn);
-
 /* Blocks of `threads` threads with `smem` dynamic shared bytes that one SM holds of kernel
  * fn (its registers, static and dynamic shared memory), opted in first where smem is past
  * 48 KB; asked once per backend and kept. 0 on a CUDA error (recorded) or when none fits. */
