@@ -634,6 +634,26 @@ int sm70_backend_cpu_create(struct sm70_backend **out, int n_threads, struct sm7
  * without CUDA or no device is usable (err says which). */
 int sm70_backend_cuda_create(struct sm70_backend **out, int device, struct sm70_err *err);
 
+/* One row of the CUDA backend's kernel timeline (kernels/cuda/kernel_times.cu). */
+#define SM70_KERNEL_TIME_NAME 96
+struct sm70_kernel_time {
+	char name[SM70_KERNEL_TIME_NAME]; /* kernel name, a label (a GEMV's rows x cols) */
+	int device;
+	long calls;
+	double us; /* summed: each call's time since the event before it on its stream */
+};
+
+/* With SM70_KERNEL_TIMES=1 set when a CUDA backend is made, every launch on it is timed by
+ * CUDA events (kernels/cuda/kernel_times.cu says how). Copies up to max rows of the
+ * process's totals since the last reset into out, most time first, and resets them when
+ * reset is set. Returns the number of rows: 0 when nothing was profiled or sm70 was
+ * built without CUDA. */
+int sm70_kernel_times(struct sm70_kernel_time *out, int max, int reset);
+
+/* The last complete step (launches between two downloads) of the lowest profiled device,
+ * one row a launch in stream order (calls 1): copies up to max rows, returns how many. */
+int sm70_kernel_timeline(struct sm70_kernel_time *out, int max);
+
 /* Creates the null backend: a test double that computes nothing. Every op is a no-op and
  * `sample` emits a deterministic token (a function of the row's seed and n) at once, so
  * the daemon's transport can be measured alone (sm70-bench ipc). Never for real use. */

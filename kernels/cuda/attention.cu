@@ -14,7 +14,9 @@
  * The next tile's K and V are loaded into registers (FP8: two tiles ahead; K FP8 with V
  * f16 mostly two as well, see attn_tc_npf) while the current one is multiplied, so memory
  * stays busy; the first tiles' loads go out before q is staged. Positions are split over
- * enough blocks to fill every SM once (split-KV); each split writes (unnormalised sum,
+ * enough blocks to fill every SM once (split-KV), each token's own positions cut evenly
+ * over its splits (attn_decode.h's sm70__attn_split_rows; SM70_ATTN_EVEN=0 is the path
+ * back to spans sized by the batch's bound); each split writes (unnormalised sum,
  * max, normaliser) to the backend's scratch and a merge kernel combines them (weights in
  * one pass, then 16-byte loads of every split at once).
  *
@@ -510,8 +512,8 @@ static __global__ void __launch_bounds__(TC_THREADS, 2) attn_tc_kernel(struct sm
 	const int tok = blockIdx.x / a.n_kv, kvh = blockIdx.x - tok * a.n_kv;
 	const int split = blockIdx.y;
 	const int npos = a.tok_pos[tok] + 1;
-	const int p0 = split * a.chunk;
-	const int p1 = min(p0 + a.chunk, npos);
+	int p0, p1;
+	sm70__attn_split_rows<TP>(a, npos, split, p0, p1);
 	const int ntiles = p1 > p0 ? (p1 - p0 + TP - 1) / TP : 0;
 	const int32_t *bt = a.block_tables + (size_t)a.tok_seq[tok] * a.max_blocks;
 	const int bsh = (a.bs & (a.bs - 1)) ? -1 : __ffs(a.bs) - 1;

@@ -23,6 +23,8 @@
 #define SM70_KERNELS_CUDA_ATTN_DECODE_H
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kv_pair.h"
@@ -50,6 +52,10 @@ struct sm70__attn_args {
 	int group;
 	int chunk;  /* rows per split (a multiple of the tile) */
 	int nsplit; /* 1: write out directly; else partials into part */
+	/* 1: each token's own rows cut into nsplit even spans of whole tiles, at least span
+	 * rows each (sm70__attn_split_rows); 0: spans of chunk rows from row 0 */
+	int even;
+	int span;
 	float *part;
 	/* the tensor-core decode kernel only: non-NULL, the last split block of each (token,
 	 * KV head) to finish merges the partials itself (counters that start and end at 0) */
@@ -284,7 +290,32 @@ static __device__ __forceinline__ void sm70__attn_split_out(const struct sm70__a
 	}
 }
 
-/* One block per (token, KV head, split): rows [split * chunk, +chunk) of the token. */
+/*
+ * The rows [*i0, *i1) split `split` of a token with n rows takes. Fixed spans (a.even 0,
+ * batch invariance) start at split * chunk. Otherwise the token's own rows are cut into
+ * a.nsplit even spans of whole tiles of TP rows (at least a.span): the host sizes the
+ * split by a bound on the rows (a graph's context bucket, a power of two: graphs.c), and
+ * spans of that bound's share would leave up to half the splits past every token's last
+ * row, idle, while the others take twice their share. A token shorter than the bound, in
+ * a batch of mixed lengths, gets its splits filled the same way.
+ */
+template <int TP>
+static __device__ __forceinline__ void sm70__attn_split_rows(const struct sm70__attn_args &a,
+							     int n, int split, int &i0, int &i1)
+{
+	int chunk = a.chunk;
+
+	if (a.even) {
+		chunk = (n + a.nsplit - 1) / a.nsplit;
+		chunk = (chunk + TP - 1) / TP * TP;
+		if (chunk < a.span)
+			chunk = a.span;
+	}
+	i0 = split * chunk;
+	i1 = min(i0 + chunk, n);
+}
+
+/* One block per (token, KV head, split): the rows sm70__attn_split_rows gives it. */
 template <int D, bool KF8, bool VF8, class Rows>
 static __global__ void __launch_bounds__(SM70__ATTN_THREADS)
 	sm70__attn_split_kernel(typename Rows::args a)
@@ -297,7 +328,8 @@ static __global__ void __launch_bounds__(SM70__ATTN_THREADS)
 	const int tok = blockIdx.x / a.n_kv, kvh = blockIdx.x - tok * a.n_kv;
 	const int split = blockIdx.y;
 	const Rows rows(a, tok);
-	const int i0 = split * a.chunk, i1 = min(i0 + a.chunk, rows.n);
+	int i0, i1;
+	sm70__attn_split_rows<TP>(a, rows.n, split, i0, i1);
 	const __half *qt = a.q + (size_t)tok * a.q_ld + (size_t)kvh * G * D;
 
 	for (int i = tid; i < G * D; i += SM70__ATTN_THREADS) {
@@ -344,6 +376,20 @@ static inline long sm70__attn_bi_splits(int most)
 	return spans < 2 ? 2 : spans;
 }
 
+/* SM70_ATTN_EVEN=0 (read once): splits in spans of chunk rows from row 0, as before
+ * sm70__attn_split_rows cut each token's own rows evenly. */
+static inline int sm70__attn_even_off(void)
+{
+	static int cached = -1;
+
+	if (cached < 0) {
+		const char *v = getenv("SM70_ATTN_EVEN");
+
+		cached = v && strcmp(v, "0") == 0;
+	}
+	return cached;
+}
+
 /*
  * Sizes the split of rows bounded by most (n_tokens tokens of head_dim D): up to want
  * splits (the caller's fill target), each of at least span rows, no more than the partials
@@ -365,6 +411,7 @@ static inline void sm70__attn_size_split(struct sm70__cuda *c, struct sm70__attn
 			a->chunk = SM70__ATTN_BI_SPAN;
 			a->nsplit = (int)spans;
 			a->part = c->attn_part;
+			a->even = 0;
 			return;
 		}
 		/* no room (the attention op's caller keeps within it): sized as below */
@@ -384,6 +431,9 @@ static inline void sm70__attn_size_split(struct sm70__cuda *c, struct sm70__attn
 	a->chunk = (a->chunk + TP - 1) / TP * TP;
 	a->nsplit = (most + a->chunk - 1) / a->chunk;
 	a->part = c->attn_part;
+	/* SM70_ATTN_EVEN=0: spans of chunk rows from row 0 (the path back, for timing) */
+	a->even = !sm70__attn_even_off();
+	a->span = span;
 }
 
 /* Queues the split kernel over rows bounded by most (and the merge when split); -ENOSPC
@@ -559,6 +609,8 @@ static inline int sm70__attn_args_make(struct sm70__attn_args *a, struct sm70__c
 	a->group = n_heads / lay->n_kv_heads;
 	a->chunk = 0;
 	a->nsplit = 1;
+	a->even = 0;
+	a->span = 0;
 	a->part = NULL;
 	a->count = NULL;
 	return 0;

@@ -69,8 +69,11 @@ static int cuda_upload(struct sm70_backend *be, void *dst, const void *src, size
 	if (!c->stage[0]) {
 		/* No pinned memory: copy straight from the caller's buffer and wait. */
 		if (SM70_CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
-							 c->stream)) ||
-		    SM70_CUDA_CHECK(be, cudaStreamSynchronize(c->stream)))
+							 c->stream)))
+			return -EIO;
+		if (c->kt)
+			sm70__kt_mark(c, "upload");
+		if (SM70_CUDA_CHECK(be, cudaStreamSynchronize(c->stream)))
 			return -EIO;
 		return 0;
 	}
@@ -87,6 +90,8 @@ static int cuda_upload(struct sm70_backend *be, void *dst, const void *src, size
 							 cudaMemcpyHostToDevice, c->stream)) ||
 		    SM70_CUDA_CHECK(be, cudaEventRecord(c->stage_done[s], c->stream)))
 			return -EIO;
+		if (c->kt)
+			sm70__kt_mark(c, "upload");
 		off += n;
 	}
 	return 0;
@@ -97,9 +102,14 @@ static int cuda_download(struct sm70_backend *be, void *dst, const void *src, si
 	struct sm70__cuda *c = sm70__cuda_enter(be);
 
 	if (SM70_CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
-						 c->stream)) ||
-	    SM70_CUDA_CHECK(be, cudaStreamSynchronize(c->stream)))
+						 c->stream)))
 		return -EIO;
+	if (c->kt)
+		sm70__kt_mark(c, "download");
+	if (SM70_CUDA_CHECK(be, cudaStreamSynchronize(c->stream)))
+		return -EIO;
+	if (c->kt)
+		sm70__kt_step_end(c);
 	return c->sticky;
 }
 
@@ -249,6 +259,7 @@ static void cuda_release(struct sm70__cuda *c)
 	cudaSetDevice(c->device);
 	if (c->stream)
 		cudaStreamSynchronize(c->stream);
+	sm70__kt_destroy(c);
 	for (int s = SM70__CUDA_STAGE_SLOTS - 1; s >= 0; s--) {
 		if (c->stage_done[s])
 			SM70_CUDA_CHECK(be, cudaEventDestroy(c->stage_done[s]));
@@ -536,6 +547,11 @@ extern "C" int sm70_backend_cuda_create(struct sm70_backend **out, int device,
 	c->attn_ref = wants_reference("SM70_ATTENTION");
 	c->sample_ref = wants_reference("SM70_SAMPLER");
 	c->pdl = prop.major >= 9 ? want_pdl() : 0;
+	ret = sm70__kt_create(c); /* after pdl: a profiled backend runs without overlap */
+	if (ret) {
+		sm70_errf(err, ret, "cuda backend: cannot set up SM70_KERNEL_TIMES's events");
+		goto fail;
+	}
 	/* 4-warp blocks where they fit one wave: measured faster at B1 (docs/PERFORMANCE.md,
 	 * "Defaults after the first measurement"); SM70_GEMV_WARPS=8 is the path back. */
 	c->gemv_warps = -1;

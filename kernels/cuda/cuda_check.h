@@ -110,7 +110,18 @@ struct sm70__cuda {
 	struct sm70__cuda_host_reg host_regs[SM70__CUDA_HOST_REGS];
 	int n_kernel_facts;
 	struct sm70__cuda_kernel_fact kernel_facts[SM70__CUDA_KERNEL_FACTS];
+	struct sm70__kt *kt;      /* SM70_KERNEL_TIMES=1: kernel_times.cu's state, else NULL */
 };
+
+/* kernel_times.cu: create (0, or -errno; leaves c->kt NULL unless SM70_KERNEL_TIMES=1),
+ * destroy, an event after the op just queued (named name, plus the label while one is
+ * set), the end of a step (after the stream was waited for), and the label (NULL clears
+ * it). Call the last three only when c->kt is set. */
+int sm70__kt_create(struct sm70__cuda *c);
+void sm70__kt_destroy(struct sm70__cuda *c);
+void sm70__kt_mark(struct sm70__cuda *c, const char *name);
+void sm70__kt_step_end(struct sm70__cuda *c);
+void sm70__kt_label(struct sm70__cuda *c, const char *fmt, ...);
 
 /* The private state of a CUDA backend, with its device made current for this thread (a
  * cheap call; it keeps one backend per GPU usable from any thread). */
@@ -164,9 +175,22 @@ static inline int sm70__cublas_check(struct sm70_backend *be, cublasStatus_t s,
 /* Both evaluate to 0 or -EIO. `be` is the struct sm70_backend the call works for. */
 #define SM70_CUDA_CHECK(be, call) sm70__cuda_check((be), (call), #call, __FILE__, __LINE__)
 #define SM70_CUBLAS_CHECK(be, call) sm70__cublas_check((be), (call), #call, __FILE__, __LINE__)
-/* After a <<<...>>> launch: reports a bad configuration under the kernel's name. */
+/* After a <<<...>>> launch: reports a bad configuration under the kernel's name (and, on
+ * a profiled backend, marks the launch: kernel_times.cu). */
 #define SM70_CUDA_LAUNCHED(be, kernel) \
-	sm70__cuda_check((be), cudaGetLastError(), "launch " kernel, __FILE__, __LINE__)
+	sm70__cuda_launched((be), cudaGetLastError(), "launch " kernel, kernel, __FILE__, __LINE__)
+
+static inline int sm70__cuda_launched(struct sm70_backend *be, cudaError_t e, const char *call,
+				      const char *kernel, const char *file, int line)
+{
+	struct sm70__cuda *c = be ? (struct sm70__cuda *)be->priv : NULL;
+
+	if (e != cudaSuccess)
+		return sm70__cuda_check(be, e, call, file, line);
+	if (c && c->kt)
+		sm70__kt_mark(c, kernel);
+	return 0;
+}
 
 /* f32 -> e4m3 with RNE and saturation; mirrors sm70_f32_to_e4m3. */
 static __device__ __forceinline__ uint8_t sm70__f32_to_e4m3(float f)

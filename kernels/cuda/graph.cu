@@ -49,7 +49,11 @@ extern "C" int sm70__cuda_graph_launch(struct sm70_backend *be, void *graph)
 
 	if (c->sticky)
 		return c->sticky;
-	return SM70_CUDA_CHECK(be, cudaGraphLaunch((cudaGraphExec_t)graph, c->stream));
+	if (SM70_CUDA_CHECK(be, cudaGraphLaunch((cudaGraphExec_t)graph, c->stream)))
+		return -EIO;
+	if (c->kt)
+		sm70__kt_mark(c, "graph replay");
+	return 0;
 }
 
 extern "C" void sm70__cuda_graph_destroy(struct sm70_backend *be, void *graph)

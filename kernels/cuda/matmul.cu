@@ -642,10 +642,9 @@ static void matmul_invariant(struct sm70__cuda *c, void *y, int y_f32, const __h
 	}
 }
 
-/* See backend.h. w->dtype must be f16 (the backend's weight_dtype) or NVFP4 (then
- * matmul_nvfp4.cu computes it); y must not overlap x or W. */
-extern "C" void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, const void *x,
-				  const struct sm70_weight *w, int n)
+/* sm70__cuda_matmul's body. */
+static void matmul(struct sm70_backend *be, void *y, int y_f32, const void *x,
+		   const struct sm70_weight *w, int n)
 {
 	struct sm70__cuda *c = sm70__cuda_enter(be);
 	const __half *xh = (const __half *)x, *wh = (const __half *)w->data;
@@ -699,5 +698,22 @@ extern "C" void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, c
 						   CUDA_R_16F, cols, &beta, y,
 						   y_f32 ? CUDA_R_32F : CUDA_R_16F, rows,
 						   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+		if (c->kt)
+			sm70__kt_mark(c, "cublasGemmEx");
 	}
+}
+
+/* See backend.h. w->dtype must be f16 (the backend's weight_dtype) or NVFP4 (then
+ * matmul_nvfp4.cu computes it); y must not overlap x or W. A profiled backend's rows
+ * name the matrix shape. */
+extern "C" void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, const void *x,
+				  const struct sm70_weight *w, int n)
+{
+	struct sm70__cuda *c = (struct sm70__cuda *)be->priv;
+
+	if (c->kt)
+		sm70__kt_label(c, "%dx%d", w->rows, w->cols);
+	matmul(be, y, y_f32, x, w, n);
+	if (c->kt)
+		sm70__kt_label(c, NULL);
 }

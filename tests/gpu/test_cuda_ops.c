@@ -431,8 +431,8 @@ struct attn_seq {
  * prefill path take it. The GPU (fast and reference) is compared with the CPU twin. KV in
  * mode kvm (gpu_test.h's GPU_KV_MODES).
  */
-static void attention_batch(int D, int group, int kvm, const struct attn_seq *seqs,
-			    int n_seqs)
+static void attention_batch_bound(int D, int group, int kvm, const struct attn_seq *seqs,
+				  int n_seqs, int bound)
 {
 	const int n_kv = 2, n_heads = n_kv * group, bs = 16;
 	const int q_ld = (n_heads + 2 * n_kv) * D;
@@ -505,6 +505,8 @@ static void attention_batch(int D, int group, int kvm, const struct attn_seq *se
 		if (p + 1 > max_pos)
 			max_pos = p + 1;
 	}
+	if (bound > max_pos)
+		max_pos = bound; /* a bound past every position, as a graph's context bucket */
 
 	/* Random cache bytes, K and V each in its dtype (FP8 as x / scale). */
 	n_el = (size_t)total_blocks * bs * row;
@@ -567,6 +569,12 @@ static void attention_batch(int D, int group, int kvm, const struct attn_seq *se
 	free(tok_pos), free(tok_seq), free(tok_slot), free(chunk_first), free(chunk_len);
 }
 
+static void attention_batch(int D, int group, int kvm, const struct attn_seq *seqs,
+			    int n_seqs)
+{
+	attention_batch_bound(D, group, kvm, seqs, n_seqs, 0);
+}
+
 /*
  * 4 sequences of lengths {1, 37, 300, ctx}: decodes at the last position of sequences 0,
  * 1 and 3, and sequence 2 a decode too when chunk is 0, else a prefill chunk of `chunk`
@@ -602,6 +610,18 @@ static void test_attention(void **state)
 	/* long contexts: many splits, every cache mode, the decode shape that is benched */
 	for (int kvm = 0; kvm < GPU_KV_MODES; kvm++)
 		attention_case(256, 6, kvm, 16384, 0);
+	/* max_pos a power-of-two bucket far past the positions (graph replays): the splits
+	 * cut each token's own positions; one token alone and a batch of mixed lengths */
+	{
+		const struct attn_seq one[] = { { 16400, 0 } };
+		const struct attn_seq mixed[] = { { 1, 0 }, { 37, 0 }, { 3000, 0 }, { 9000, 0 } };
+
+		for (int kvm = 0; kvm < GPU_KV_MODES; kvm++) {
+			attention_batch_bound(128, 4, kvm, one, 1, 32768);
+			attention_batch_bound(128, 4, kvm, mixed, 4, 16384);
+			attention_batch_bound(64, 2, kvm, mixed, 4, 65536);
+		}
+	}
 }
 
 /* The prefill path: decodes beside chunks of 1, 17, 64, 200, 513 and 100 tokens, fresh

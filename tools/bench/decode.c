@@ -19,6 +19,13 @@
  * (qwen4_exp) read only the selected KV blocks, the tail and the compressed keys; their
  * n-gram rows come from host memory and are not in the HBM roofline.
  *
+ * --kernel-times turns on the CUDA backend's kernel timeline (SM70_KERNEL_TIMES=1, and
+ * SM70_GRAPHS=0 unless set: kernels/cuda/kernel_times.cu) and prints, after each
+ * configuration, the timed steps' device time a step by kernel; --timeline FILE also
+ * writes the last step's launches in order as CSV (index, device, name, us). The
+ * tokens/s of such a run include the events' cost and have no graphs: compare them only
+ * with each other.
+ *
  * Non-goals: prefill speed, time to first token (sm70-run's timing covers those).
  */
 #include "tools/bench/bench.h"
@@ -31,6 +38,10 @@
 #include <time.h>
 
 #include "daemon/engine/engine.h"
+#include "kernels/backend.h"
+
+#define KT_MAX 512   /* kernel rows kept */
+#define KT_STEP 8192 /* launches of one step kept */
 
 struct count {
 	int tokens;
@@ -71,10 +82,70 @@ static void usage(FILE *f)
 		"auto|dummy]\n"
 		"         [--batch 1,8,16] [--ctx 1024,16384] [--steps N] [--kv-dtype MODE]\n"
 		"         [--kv-gib G] [--bw-gbs GBPS] [--tp N] [--gpus 0,1,...]\n"
-		"         [--batch-invariant] [--help]\n"
+		"         [--batch-invariant] [--kernel-times] [--timeline PREFIX] [--help]\n"
 		"MODE: f16 (the default), fp8 (K FP8-E4M3, V f16), fp8-all (K and V FP8-E4M3)"
 		" or f32\n"
-		"--batch-invariant times the engine.batch_invariant paths (docs/ENGINE.md).\n");
+		"--batch-invariant times the engine.batch_invariant paths (docs/ENGINE.md).\n"
+		"--kernel-times prints each configuration's device time a step by kernel (CUDA\n"
+		"events, graphs off); --timeline PREFIX also writes the last step's launches to\n"
+		"PREFIX-bB-ctxC.csv.\n");
+}
+
+/* The kernel timeline of the timed steps, taken by run_one when --kernel-times is on and
+ * printed after the configuration's row. */
+static struct {
+	int on;
+	struct sm70_kernel_time rows[KT_MAX];
+	int n_rows;
+	struct sm70_kernel_time *step; /* KT_STEP */
+	int n_step;
+} kt;
+
+static void take_kernel_times(void)
+{
+	kt.n_rows = sm70_kernel_times(kt.rows, KT_MAX, 1);
+	kt.n_step = kt.step ? sm70_kernel_timeline(kt.step, KT_STEP) : 0;
+}
+
+/* A row a (device, kernel) with its time a step, then (prefix) the last step in order as
+ * CSV in PREFIX-bB-ctxC.csv. */
+static void print_kernel_times(int steps, const char *prefix, int batch, int ctx)
+{
+	double sum = 0;
+
+	if (!kt.n_rows) {
+		printf("  kernel times: none (not a CUDA backend, or sm70 built without CUDA)\n");
+		return;
+	}
+	for (int i = 0; i < kt.n_rows; i++)
+		sum += kt.rows[i].us;
+	printf("  kernel times (CUDA events, a step = %.1f us):\n", sum / steps);
+	printf("  %-4s %-58s %9s %10s %10s %7s\n", "gpu", "kernel", "calls", "us each",
+	       "us a step", "share");
+	for (int i = 0; i < kt.n_rows; i++) {
+		const struct sm70_kernel_time *r = &kt.rows[i];
+
+		printf("  %-4d %-58.58s %9.1f %10.2f %10.1f %6.1f%%\n", r->device, r->name,
+		       (double)r->calls / steps, r->us / r->calls, r->us / steps,
+		       sum > 0 ? 100.0 * r->us / sum : 0.0);
+	}
+	if (prefix) {
+		char path[4096];
+		FILE *f;
+
+		snprintf(path, sizeof(path), "%s-b%d-ctx%d.csv", prefix, batch, ctx);
+		f = fopen(path, "w");
+		if (!f) {
+			fprintf(stderr, "sm70-bench decode: cannot write %s\n", path);
+			return;
+		}
+		fprintf(f, "index,device,name,us\n");
+		for (int i = 0; i < kt.n_step; i++)
+			fprintf(f, "%d,%d,%s,%.2f\n", i, kt.step[i].device, kt.step[i].name,
+				kt.step[i].us);
+		fclose(f);
+	}
+	fflush(stdout);
 }
 
 /* One configuration on an open engine: returns 0 and fills tokens/s and bytes per step.
@@ -113,12 +184,15 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
 			goto out;
 	c.tokens = 0;
+	sm70_kernel_times(NULL, 0, 1); /* the timed steps alone */
 	sm70_engine_get_stats(e, &st0);
 	t0 = sm70__cli_now_s();
 	for (int i = 0; i < steps; i++)
 		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
 			goto out;
 	*tps = c.tokens / (sm70__cli_now_s() - t0);
+	if (kt.on)
+		take_kernel_times();
 	{
 		struct sm70_engine_stats st1;
 
@@ -175,12 +249,13 @@ int sm70__bench_decode(int argc, char **argv)
 		{ "bw-gbs", required_argument, 0, 'w' }, { "tp", required_argument, 0, 't' },
 		{ "gpus", required_argument, 0, 'G' }, { "help", no_argument, 0, 'h' },
 		{ "batch-invariant", no_argument, 0, 'I' },
+		{ "kernel-times", no_argument, 0, 'K' }, { "timeline", required_argument, 0, 'T' },
 		{ 0, 0, 0, 0 },
 	};
 	struct sm70_engine_opts eo;
 	struct sm70_engine *e = NULL;
 	struct sm70_err err = { { 0 } };
-	const char *model = NULL;
+	const char *model = NULL, *timeline = NULL;
 	int ret;
 	int batches[8] = { 1, 8, 16 }, n_b = 3, ctxs[8] = { 1024, 16384 }, n_c = 2, steps = 32;
 	double kv_gib = 48, bw = 0;
@@ -221,6 +296,8 @@ int sm70__bench_decode(int argc, char **argv)
 			}
 			break;
 		case 'I': eo.batch_invariant = 1; break;
+		case 'K': kt.on = 1; break;
+		case 'T': kt.on = 1; timeline = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -229,6 +306,12 @@ int sm70__bench_decode(int argc, char **argv)
 	    eo.n_gpus < 0) {
 		usage(stderr);
 		return 2;
+	}
+	if (kt.on) {
+		/* before the engine makes its backends, which read them */
+		setenv("SM70_KERNEL_TIMES", "1", 1);
+		setenv("SM70_GRAPHS", "0", 0);
+		kt.step = calloc(KT_STEP, sizeof(*kt.step));
 	}
 	eo.kv_bytes = (size_t)(kv_gib * (1u << 30));
 	eo.max_seqs = 16;
@@ -266,8 +349,11 @@ int sm70__bench_decode(int argc, char **argv)
 				printf("%6d %7d %12.1f %12.3f %14.2f %10.0f %9.1f\n", batches[i],
 				       ctxs[j], tps, step_s * 1e3, bytes / 1e9, gbs, host_us);
 			fflush(stdout);
+			if (kt.on)
+				print_kernel_times(steps, timeline, batches[i], ctxs[j]);
 		}
 	}
 	sm70_engine_close(e);
+	free(kt.step);
 	return 0;
 }
