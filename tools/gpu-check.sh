@@ -67,6 +67,9 @@ for t in test_cuda_ops test_cuda_moe test_cuda_moe_nvfp4 test_graphs; do
 	run_one "$t-experiments" env SM70_PDL=all SM70_GEMV_WARPS=4 SM70_ATTN_FOLD=1 \
 		"$B/tests-gpu/$t"
 done
+# 128-position attention tiles for every fp8-all shape (attn_wide_tile takes them by size)
+[ -x "$B/tests-gpu/test_cuda_ops" ] &&
+	run_one test_cuda_ops-wide-tile env SM70_ATTN_TILE=128 "$B/tests-gpu/test_cuda_ops"
 # the B1 dot kernel at three blocks an SM on every shape (variant 5 takes it by shape)
 [ -x "$B/tests-gpu/test_cuda_nvfp4" ] &&
 	run_one test_cuda_nvfp4-variant4 env SM70_NVFP4_VARIANT=4 "$B/tests-gpu/test_cuda_nvfp4"
@@ -74,6 +77,8 @@ if [ -x "$B/tests/test_fixtures" ]; then
 	run_one fixtures-cuda env SM70_BACKEND=cuda "$B/tests/test_fixtures"
 	run_one fixtures-cuda-eager env SM70_BACKEND=cuda SM70_GRAPHS=0 "$B/tests/test_fixtures"
 	run_one kv-fp8-cuda env SM70_BACKEND=cuda "$B/tests/test_kv_fp8"
+	run_one kv-fp8-cuda-wide-tile env SM70_BACKEND=cuda SM70_ATTN_TILE=128 \
+		"$B/tests/test_kv_fp8"
 	run_one batch-invariance-cuda env SM70_BACKEND=cuda "$B/tests/test_batch_invariance"
 	run_one batch-invariance-cuda-eager env SM70_BACKEND=cuda SM70_GRAPHS=0 \
 		"$B/tests/test_batch_invariance"

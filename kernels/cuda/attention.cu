@@ -677,12 +677,45 @@ static int attn_tc_launch(struct sm70__cuda *c, struct sm70__attn_args a, int n_
  */
 template <int D, bool KF8, bool VF8, int TP> static constexpr int attn_tc_npf()
 {
+	if (TP == 128)
+		return 1; /* FP8 K and V: the registers of two 64-position tiles (attn_wide_tile) */
 	if (KF8 && !VF8)
 		return D == 256 && TP == 64 ? 1 : 2;
 	return (KF8 ? 2 : 1) * (TP == 64 ? 1 : 2);
 }
 
-/* 64-position tiles; 32 for head_dim 256 where shared memory is small (before sm_80). */
+/*
+ * 128-position tiles for K and V both FP8 (head_dim 64 and 128). A tile's steps (scores,
+ * softmax, P V, four barriers) take the same time whatever its bytes, so with half of
+ * f16's bytes a tile the kernel is bound by those steps, not by memory; tiles twice as
+ * long halve the steps per byte. Prefetched one ahead they hold what two 64-position
+ * tiles did. Measured (docs/PERFORMANCE.md, "FP8 KV: 128-position tiles"): 1.14x at 16K
+ * B8 and B16, about level at 1K B1; for K FP8 with V f16 they lost (0.82x at 16K B16), so
+ * that pair keeps 64. They halve the blocks a context fills, so they are taken where each
+ * resident block slot still gets at least SM70_ATTN_WIDE_MIN positions (256 unless set)
+ * of the bound; SM70_ATTN_TILE=64 or 128 forces either. Never under batch invariance (its
+ * kernel choice may not depend on the batch).
+ */
+static int attn_wide_tile(struct sm70__cuda *c, int n_tokens, int n_kv, int max_pos)
+{
+	static int forced = -1, min_pos = 256;
+
+	if (forced < 0) {
+		const char *v = getenv("SM70_ATTN_TILE"), *m = getenv("SM70_ATTN_WIDE_MIN");
+
+		forced = v && !strcmp(v, "64") ? 64 : v && !strcmp(v, "128") ? 128 : 0;
+		if (m && atoi(m) > 0)
+			min_pos = atoi(m);
+	}
+	if (c->be.batch_invariant || forced == 64)
+		return 0;
+	if (forced == 128)
+		return 1;
+	return (long)n_tokens * n_kv * max_pos >= (long)min_pos * 2 * c->n_sm;
+}
+
+/* 64-position tiles; 32 for head_dim 256 where shared memory is small (before sm_80); 128
+ * for FP8 K and V where attn_wide_tile says. */
 template <int D, bool KF8, bool VF8>
 static int attn_tc_pick(struct sm70__cuda *c, const struct sm70__attn_args &a, int n_tokens,
 			int max_pos)
@@ -690,6 +723,12 @@ static int attn_tc_pick(struct sm70__cuda *c, const struct sm70__attn_args &a, i
 	if (D == 256 && tcl<256, 64>::bytes > c->smem_optin)
 		return attn_tc_launch<256, KF8, VF8, 32, attn_tc_npf<256, KF8, VF8, 32>()>(
 			c, a, n_tokens, max_pos);
+	if constexpr (KF8 && VF8 && D <= 128 && D >= 64) {
+		if (attn_wide_tile(c, n_tokens, a.n_kv, max_pos) &&
+		    tcl<D, 128>::bytes <= c->smem_optin)
+			return attn_tc_launch<D, KF8, VF8, 128, attn_tc_npf<D, KF8, VF8, 128>()>(
+				c, a, n_tokens, max_pos);
+	}
 	return attn_tc_launch<D, KF8, VF8, 64, attn_tc_npf<D, KF8, VF8, 64>()>(c, a, n_tokens,
 										max_pos);
 }
