@@ -355,6 +355,18 @@ struct sm70_backend_ops {
 	void (*sample)(struct sm70_backend *be, struct sm70_sample_result *out,
 		       const float *logits, const struct sm70_sample_row *rows, int n, int vocab);
 
+	/*
+	 * Optional (NULL: the caller runs add_rmsnorm, then matmul). Both in one: r =
+	 * resid_in (f32 [n, w->cols]) + delta (act, when non-NULL) is written to resid_out
+	 * (f32, not resid_in; NULL: not kept), x = add_rmsnorm's y of r (bit for bit) and
+	 * y = x W^T as matmul computes it. A backend may take only some shapes: it returns
+	 * 0 when it queued the work, -EOPNOTSUPP when it did not take this call (nothing
+	 * queued: the caller runs the two ops), -EINVAL for resid_out == resid_in.
+	 */
+	int (*add_rmsnorm_matmul)(struct sm70_backend *be, void *y, float *resid_out,
+				  const float *resid_in, const void *delta, const float *norm_w,
+				  float eps, const struct sm70_weight *w, int n);
+
 	/* Optional (tensor parallelism; NULL: the model gathers whole rows). For each
 	 * r < n: out[r] summarises row r of logits [n, vocab], this rank's slice of the
 	 * vocabulary whose first id is id0, as struct sm70_shard_summary says

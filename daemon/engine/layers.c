@@ -106,6 +106,8 @@ size_t sm70__carve_work(const struct sm70_model *m, int r, struct sm70__work *w)
 	w->qkv_ld = attn_ld(m, r);
 	w->proj_ld = gdn ? gdn_proj_ld(m, r) : 0;
 	w->resid = carve(&cv, T * streams * H * sizeof(float));
+	if ((m->fused & SM70_FUSED_NORM) && !hc)
+		w->resid_alt = carve(&cv, T * H * sizeof(float));
 	w->y = carve(&cv, T * H * a);
 	w->qkv = carve(&cv, T * (size_t)w->qkv_ld * a);
 	w->attn = carve(&cv, T * (size_t)rk->q_heads * c->head_dim * a);
@@ -170,14 +172,51 @@ void sm70__reduce_delta(struct sm70_model *m, struct sm70__work *w, int T)
 }
 
 /* Before a block: the pending update (none before the first block) joins the residual
- * and the block's input is its norm. */
+ * and the block's input is its norm. With SM70_FUSED=norm, a one-token step and a block
+ * whose input feeds only its first matmul (next: that matmul's weight, else NULL), the
+ * work is left to that matmul (block_matmul_in). */
 static void residual_in(struct sm70_model *m, int r, struct sm70__work *w, int first,
-			const float *norm)
+			const float *norm, const struct sm70_weight *next)
 {
 	struct sm70_backend *be = m->rank[r].be;
 
+	if (next && w->resid_alt && be->ops->add_rmsnorm_matmul &&
+	    m->rank[r].batch.n_tokens == 1) {
+		w->pend_norm = norm;
+		w->pend_first = first;
+		return;
+	}
 	be->ops->add_rmsnorm(be, w->y, w->resid, first ? NULL : w->delta, norm,
 			     m->rank[r].batch.n_tokens, m->cfg.hidden_size, m->cfg.rms_norm_eps);
+}
+
+/* A block's first matmul, y_out = norm(input) W^T: with the norm still owed, one fused
+ * op that also writes the updated residual to the other buffer (the two then swap), or,
+ * where the backend does not take the call, the two ops. */
+static void block_matmul_in(struct sm70_model *m, int r, struct sm70__work *w, void *y_out,
+			    const struct sm70_weight *W)
+{
+	struct sm70_backend *be = m->rank[r].be;
+	const struct sm70_backend_ops *op = be->ops;
+	int T = m->rank[r].batch.n_tokens;
+
+	if (w->pend_norm) {
+		const float *norm = w->pend_norm;
+		const void *delta = w->pend_first ? NULL : w->delta;
+
+		w->pend_norm = NULL;
+		if (op->add_rmsnorm_matmul(be, y_out, w->resid_alt, w->resid, delta, norm,
+					   m->cfg.rms_norm_eps, W, T) == 0) {
+			float *t = w->resid;
+
+			w->resid = w->resid_alt;
+			w->resid_alt = t;
+			return;
+		}
+		op->add_rmsnorm(be, w->y, w->resid, delta, norm, T, m->cfg.hidden_size,
+				m->cfg.rms_norm_eps);
+	}
+	op->matmul(be, y_out, 0, w->y, W, T);
 }
 
 /*
@@ -228,7 +267,7 @@ void sm70__attention_block(struct sm70_model *m, int r, int l, struct sm70__work
 	char *k_in = (char *)w->qkv + (size_t)Hq * D * a;
 	char *v_in = k_in + (size_t)Hk * D * a;
 
-	op->matmul(be, w->qkv, 0, w->y, &A->qkv, T);
+	block_matmul_in(m, r, w, w->qkv, &A->qkv);
 	if ((m->fused & SM70_FUSED_QK) && op->qk_norm_rope_kv) {
 		op->qk_norm_rope_kv(be, w->qkv, ld, T, Hq, Hk, D, A->q_norm, A->k_norm,
 				    c->rms_norm_eps, b->tok_pos, c->rot_dim, c->rope_theta,
@@ -265,7 +304,7 @@ void sm70__gdn_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
 	const char *z = (const char *)w->gdn_proj + (size_t)L->conv_dim * a;
 	const char *ba = z + (size_t)vd * a;
 
-	op->matmul(be, w->gdn_proj, 0, w->y, &G->in_proj, T);
+	block_matmul_in(m, r, w, w->gdn_proj, &G->in_proj);
 	op->conv1d_silu(be, w->gdn_conv, w->gdn_proj, w->proj_ld, G->conv, &rk->state[l], L, b);
 	op->gdn(be, w->gdn_core, w->gdn_conv, ba, w->proj_ld, G->a_log, G->dt_bias,
 		&rk->state[l], L, b, !m->opts.gdn_recurrent);
@@ -283,7 +322,7 @@ static void mlp_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
 	const struct sm70_mlp_weights *M = &sm70__layer_of(m, r, l)->mlp;
 	int T = rk->batch.n_tokens;
 
-	op->matmul(be, w->gate_up, 0, w->y, &M->gate_up, T);
+	block_matmul_in(m, r, w, w->gate_up, &M->gate_up);
 	/* the fused form re-reads W for every 16 rows: decode-sized steps only; it reads
 	 * float weights only (backend.h: only matmul takes NVFP4) */
 	if ((m->fused & SM70_FUSED_SILU) && op->silu_matmul && T <= 16 &&
@@ -375,7 +414,10 @@ void sm70__decoder_forward(struct sm70_model *m)
 		int gdn = m->cfg.layer_kind[l] == SM70_LAYER_GDN;
 
 		for (int r = 0; r < m->tp; r++) {
-			residual_in(m, r, &w[r], l == 0, sm70__layer_of(m, r, l)->mixer_norm);
+			const struct sm70_layer_weights *L = sm70__layer_of(m, r, l);
+
+			residual_in(m, r, &w[r], l == 0, L->mixer_norm,
+				    gdn ? &L->gdn.in_proj : &L->attn.qkv);
 			if (gdn)
 				sm70__gdn_block(m, r, l, &w[r]);
 			else
@@ -383,7 +425,12 @@ void sm70__decoder_forward(struct sm70_model *m)
 		}
 		sm70__reduce_delta(m, w, T);
 		for (int r = 0; r < m->tp; r++) {
-			residual_in(m, r, &w[r], 0, sm70__layer_of(m, r, l)->mlp_norm);
+			const struct sm70_layer_weights *L = sm70__layer_of(m, r, l);
+
+			/* an MoE block reads its input in the router, the experts and the
+			 * shared expert: never fused */
+			residual_in(m, r, &w[r], 0, L->mlp_norm,
+				    m->cfg.layer_moe[l] ? NULL : &L->mlp.gate_up);
 			sm70__ffn_block(m, r, l, &w[r]);
 		}
 		sm70__reduce_delta(m, w, T);

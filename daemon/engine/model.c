@@ -399,6 +399,22 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 		return -ENOMEM;
 	m->opts = *opts;
 	m->tp = tp;
+	env = getenv("SM70_FUSED");
+	/* default: the q/k fusion and the one-token hyper-connection mixer; the
+	 * SwiGLU-into-down fusion measured slower (its GEMV reads gate and up for every
+	 * block: docs/PERFORMANCE.md); "norm" adds the residual add + RMSNorm folded into
+	 * the next GEMV at one token (not yet measured). Parsed before the workspace is
+	 * sized: the norm fusion needs a second residual. */
+	m->fused = !env || strcmp(env, "default") == 0 ? SM70_FUSED_QK | SM70_FUSED_HC :
+		   strcmp(env, "norm") == 0 ? SM70_FUSED_QK | SM70_FUSED_HC | SM70_FUSED_NORM :
+		   strcmp(env, "qk") == 0 ? SM70_FUSED_QK :
+		   strcmp(env, "hc") == 0 ? SM70_FUSED_HC :
+		   strcmp(env, "0") == 0 ? 0 :
+		   strcmp(env, "silu") == 0 ? SM70_FUSED_SILU : SM70_FUSED_ALL;
+	/* batch invariance: the fusions taken only at some step sizes would give a row other
+	 * bits at others (the q/k fusion is taken at every size) */
+	if (opts->batch_invariant)
+		m->fused &= ~(SM70_FUSED_SILU | SM70_FUSED_HC | SM70_FUSED_NORM);
 	m->comm = tp > 1 ? comm : NULL;
 	for (int r = 0; r < tp; r++)
 		m->rank[r].be = be[r];
@@ -442,19 +458,6 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 		if (ret)
 			goto fail;
 	}
-	env = getenv("SM70_FUSED");
-	/* default: the q/k fusion and the one-token hyper-connection mixer; the
-	 * SwiGLU-into-down fusion measured slower (its GEMV reads gate and up for every
-	 * block: docs/PERFORMANCE.md) */
-	m->fused = !env || strcmp(env, "default") == 0 ? SM70_FUSED_QK | SM70_FUSED_HC :
-		   strcmp(env, "qk") == 0 ? SM70_FUSED_QK :
-		   strcmp(env, "hc") == 0 ? SM70_FUSED_HC :
-		   strcmp(env, "0") == 0 ? 0 :
-		   strcmp(env, "silu") == 0 ? SM70_FUSED_SILU : SM70_FUSED_ALL;
-	/* batch invariance: the fusions taken only at some step sizes would give a row other
-	 * bits at others (the q/k fusion is taken at every size) */
-	if (opts->batch_invariant)
-		m->fused &= ~(SM70_FUSED_SILU | SM70_FUSED_HC);
 	/* qwen4_exp's PLE row gathers on the backend's side stream (0: in line) */
 	env = getenv("SM70_PLE_OVERLAP");
 	m->ple_overlap = !(env && strcmp(env, "0") == 0);

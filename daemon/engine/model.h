@@ -125,7 +125,8 @@ struct sm70_arch_ops {
 	size_t (*expert_bytes)(struct sm70_model *m, int r);
 };
 
-enum { SM70_FUSED_QK = 1, SM70_FUSED_SILU = 2, SM70_FUSED_HC = 4, SM70_FUSED_ALL = 7 };
+enum { SM70_FUSED_QK = 1, SM70_FUSED_SILU = 2, SM70_FUSED_HC = 4, SM70_FUSED_NORM = 8,
+       SM70_FUSED_ALL = 15 };
 
 struct sm70_model {
 	struct sm70_model_config cfg;

@@ -13,6 +13,12 @@
  * (qwen4_exp) the residual holds hc streams: resid is f32 [T, hc * H]. */
 struct sm70__work {
 	float *resid;       /* f32 [T, H] the residual stream (or [T, hc * H]) */
+	/* SM70_FUSED=norm: the other residual buffer (the fused op writes the updated
+	 * stream there and the two swap), and the norm a block's first matmul still owes
+	 * (NULL: none; first: no update to add) */
+	float *resid_alt;
+	const float *pend_norm;
+	int pend_first;
 	void *y;            /* act [T, H] a block's normed input */
 	void *delta;        /* act [T, H] a block's (partial) update */
 	void *qkv;          /* act [T, qkv_ld] attention projections (+ the QSA indexer's) */

@@ -9,7 +9,10 @@
  *
  * Non-goals: the (1 + w) "zero-centred" weight form; the model code folds that into w.
  */
+#include <errno.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
 
@@ -59,6 +62,37 @@ void sm70__cpu_add_rmsnorm(struct sm70_backend *be, void *y, float *resid, const
 		return;
 	sm70__pool_run(sm70__cpu_of(be)->pool, n, sm70__cpu_grain((size_t)dim * 4),
 		       add_rmsnorm_rows, &j);
+}
+
+/* See backend.h: the CPU's twin of the fused op is the two ops in turn (through a scratch
+ * x and, when resid_out is NULL, a scratch residual), so its results are theirs exactly;
+ * it takes every call. */
+int sm70__cpu_add_rmsnorm_matmul(struct sm70_backend *be, void *y, float *resid_out,
+				 const float *resid_in, const void *delta, const float *norm_w,
+				 float eps, const struct sm70_weight *w, int n)
+{
+	const size_t count = (size_t)n * (size_t)w->cols;
+	float *x, *r;
+
+	if (resid_out && resid_out == resid_in)
+		return -EINVAL;
+	if (n <= 0 || w->cols <= 0)
+		return 0;
+	x = calloc(count, sizeof(float)); /* calloc: gcc cannot see the pool job fill it */
+	r = resid_out ? resid_out : malloc(count * sizeof(float));
+	if (!x || !r) {
+		free(x);
+		if (!resid_out)
+			free(r);
+		return -EOPNOTSUPP; /* the caller runs the two ops, which need no memory */
+	}
+	memcpy(r, resid_in, count * sizeof(float));
+	sm70__cpu_add_rmsnorm(be, x, r, delta, norm_w, n, w->cols, eps);
+	sm70__cpu_matmul(be, y, 0, x, w, n);
+	free(x);
+	if (!resid_out)
+		free(r);
+	return 0;
 }
 
 /* The add op works in blocks of this many elements (pool items are ints). */

@@ -315,6 +315,7 @@ static const struct sm70_backend_ops cuda_ops = {
 	.silu_mul = sm70__cuda_silu_mul,
 	.gather_rows = sm70__cuda_gather_rows,
 	.sample = sm70__cuda_sample,
+	.add_rmsnorm_matmul = sm70__cuda_add_rmsnorm_matmul,
 	.shard_summary = sm70__cuda_shard_summary,
 	.qk_norm_rope_kv = sm70__cuda_qk_norm_rope_kv,
 	.silu_matmul = sm70__cuda_silu_matmul,

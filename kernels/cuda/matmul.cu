@@ -279,15 +279,103 @@ static __device__ __forceinline__ float tc_block_sum(const unsigned char *smem, 
 	return sum;
 }
 
-template <int MT, int NI, int WARPS, int PF, bool SILU>
+/* What a GEMV's x is: the input as it is, silu(gate) * up of a gate_up input (silu_matmul.cu),
+ * or the RMSNorm of the residual plus an update (add_rmsnorm_matmul, n = 1). */
+enum { XF_PLAIN = 0, XF_SILU = 1, XF_NORM = 2 };
+
+/* XF_NORM's inputs (zero for the other forms): r = resid_in + delta (delta may be NULL),
+ * r into resid_out (each block a slice; NULL: not kept), x = f16(r * inv_rms * norm_w). */
+struct gemv_norm {
+	const float *resid_in;
+	const __half *delta;
+	float *resid_out;
+	const float *norm_w;
+	float eps;
+};
+
+/* add_rmsnorm.cu's vector kernel sums squares over 256 threads, four values a chunk,
+ * chunks t, t + 256, ...; XF_NORM blocks sum as those 256 threads would (each of
+ * NT threads standing for 256 / NT of them), so inv_rms and x are its bits exactly. */
+#define NORM_VT 256
+
+/* XF_NORM's prologue: the block's x row (cols halves at xn) and resid_out's slice, from
+ * resid_in, delta and norm_w through rs (cols floats) and red (8 floats). */
+template <int NT>
+static __device__ __forceinline__ void gemv_norm_row(const struct gemv_norm &nm, int cols,
+						     float *rs, __half *xn, float *red)
+{
+	constexpr int VPT = NORM_VT / NT; /* the virtual threads a thread stands for */
+	const int n4 = cols / 4, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	float ss[VPT];
+
+	static_assert(NORM_VT % NT == 0, "threads a block");
+#pragma unroll
+	for (int vt = 0; vt < VPT; vt++) {
+		ss[vt] = 0.0f;
+		for (int i = threadIdx.x + vt * NT; i < n4; i += NORM_VT) {
+			float4 v = __ldg((const float4 *)nm.resid_in + i);
+
+			if (nm.delta) {
+				const uint2 dv = __ldg((const uint2 *)nm.delta + i);
+				const float2 lo = __half22float2(*(const __half2 *)&dv.x);
+				const float2 hi = __half22float2(*(const __half2 *)&dv.y);
+
+				v.x += lo.x, v.y += lo.y, v.z += hi.x, v.w += hi.y;
+			}
+			((float4 *)rs)[i] = v;
+			ss[vt] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+		}
+	}
+#pragma unroll
+	for (int vt = 0; vt < VPT; vt++) {
+		const float t = sm70__warp_sum(ss[vt]);
+
+		if (lane == 0)
+			red[warp + vt * (NT / 32)] = t;
+	}
+	__syncthreads();
+	{
+		float t = lane < NORM_VT / 32 ? red[lane] : 0.0f;
+		const float inv = 1.0f / sqrtf(sm70__warp_sum(t) / (float)cols + nm.eps);
+
+		for (int i = threadIdx.x; i < n4; i += NT) {
+			const float4 v = ((const float4 *)rs)[i];
+			const float4 wv = __ldg((const float4 *)nm.norm_w + i);
+			const __half2 lo = __floats2half2_rn((v.x * inv) * wv.x, (v.y * inv) * wv.y);
+			const __half2 hi = __floats2half2_rn((v.z * inv) * wv.z, (v.w * inv) * wv.w);
+
+			((__half2 *)xn)[2 * i] = lo;
+			((__half2 *)xn)[2 * i + 1] = hi;
+		}
+	}
+	if (nm.resid_out && blockIdx.y == 0) {
+		const int per = (n4 + (int)gridDim.x - 1) / (int)gridDim.x;
+		const int i0 = (int)blockIdx.x * per, i1 = min(i0 + per, n4);
+
+		for (int i = i0 + (int)threadIdx.x; i < i1; i += NT)
+			((float4 *)nm.resid_out)[i] = ((const float4 *)rs)[i];
+	}
+	__syncthreads();
+}
+
+/* Dynamic shared memory XF_NORM adds to a block: r (f32), x (f16), the 8 partial sums. */
+static inline size_t gemv_norm_smem(int cols)
+{
+	return (size_t)cols * 6 + 8 * sizeof(float);
+}
+
+template <int MT, int NI, int WARPS, int PF, int XF>
 static __global__ void __launch_bounds__(WARPS * 32,
-					 (MT == 1 ? (SILU && NI >= 4 ? 1 : 2) : NI >= 3 ? 1 : 2) *
+					 (MT == 1 ? (XF == XF_SILU && NI >= 4 ? 1 : 2) :
+						    NI >= 3 ? 1 : 2) *
 						 8 / WARPS)
 	gemv_tc_kernel(void *__restrict__ y, int y_f32, const __half *__restrict__ x,
 		       const __half *__restrict__ w, int rows, int cols, int n,
-		       float *__restrict__ part, int32_t *__restrict__ count)
+		       float *__restrict__ part, int32_t *__restrict__ count, struct gemv_norm nm)
 {
 	using namespace nvcuda;
+	constexpr bool SILU = XF == XF_SILU, NORM = XF == XF_NORM;
+	static_assert(!NORM || NI == 1, "the norm form takes one row of x");
 	extern __shared__ __align__(128) unsigned char tc_smem[];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int sub = lane >> 3, chunk = lane & 7;
@@ -300,6 +388,9 @@ static __global__ void __launch_bounds__(WARPS * 32,
 	const size_t ldx = SILU ? 2 * (size_t)cols : (size_t)cols; /* x row stride */
 	__half *ws = (__half *)(tc_smem + warp * tc_warp<MT>::bytes);
 	__half *xs = ws + 16 * MT * TC_LD;
+	/* XF_NORM: the residual row (f32), the normed x row and the partial sums */
+	float *rs = (float *)(tc_smem + WARPS * tc_warp<MT>::bytes);
+	__half *xn = (__half *)(rs + (NORM ? cols : 0));
 	const __half *wp[4 * MT];
 	wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[MT];
 	/* xu: the up halves (SILU only; a dead array otherwise) */
@@ -336,8 +427,12 @@ static __global__ void __launch_bounds__(WARPS * 32,
 		_Pragma("unroll") for (int i = 0; i < NI; i++) {                        \
 			const int j_ = sub + 4 * i;                                     \
 			const __half *xp_ = x + (size_t)j_ * ldx + k_;                  \
-			xr[d][i] = in_ && j_ < n ? __ldg((const uint4 *)xp_) :          \
-						   make_uint4(0, 0, 0, 0);              \
+			if (NORM)                                                       \
+				xr[d][i] = in_ && j_ < n ? *(const uint4 *)(xn + k_) :  \
+							   make_uint4(0, 0, 0, 0);      \
+			else                                                            \
+				xr[d][i] = in_ && j_ < n ? __ldg((const uint4 *)xp_) :  \
+							   make_uint4(0, 0, 0, 0);      \
 			if (SILU)                                                       \
 				xu[SILU ? d : 0][SILU ? i : 0] =                        \
 					in_ && j_ < n ?                                 \
@@ -356,6 +451,8 @@ static __global__ void __launch_bounds__(WARPS * 32,
 		if (s0 + d < s1)
 			TC_ISSUE_W(d, s0 + d);
 	sm70__pdl_enter();
+	if constexpr (NORM)
+		gemv_norm_row<WARPS * 32>(nm, cols, rs, xn, (float *)(xn + cols));
 #pragma unroll
 	for (int d = 0; d < PF; d++)
 		if (s0 + d < s1)
@@ -504,26 +601,27 @@ static int gemv_split(const struct sm70__cuda *c, int tiles, int slots, int nste
 	return best;
 }
 
-template <int MT, int NI, bool SILU, int WARPS>
+template <int MT, int NI, int XF, int WARPS>
 static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
-			   const __half *w, int rows, int cols, int n)
+			   const __half *w, int rows, int cols, int n, const struct gemv_norm &nm)
 {
 	/* Three steps ahead when registers allow: a 4096-row matrix gives an SM only two
 	 * blocks, so each warp must keep more bytes in flight. (SILU at NI = 2 would spill.) */
-	constexpr int PF = MT == 1 && NI <= (SILU ? 1 : 2) ? 3 : 2;
-	const size_t smem = WARPS * tc_warp<MT>::bytes;
+	constexpr int PF = MT == 1 && NI <= (XF == XF_SILU ? 1 : 2) ? 3 : 2;
+	const size_t smem = WARPS * tc_warp<MT>::bytes + (XF == XF_NORM ? gemv_norm_smem(cols) : 0);
 	const int tiles = (rows + 16 * MT - 1) / (16 * MT);
 	const int res = sm70__cuda_resident(
-		c, (const void *)gemv_tc_kernel<MT, NI, WARPS, PF, SILU>, WARPS * 32, smem);
+		c, (const void *)gemv_tc_kernel<MT, NI, WARPS, PF, XF>, WARPS * 32, smem);
 
 	int sp;
 
 	if (c->sticky)
 		return;
-	sp = gemv_split(c, tiles, res * c->n_sm, (cols + TC_KS - 1) / TC_KS, WARPS, MT, SILU);
-	sm70__launch_pdl(c, SM70__PDL_PREFETCH, gemv_tc_kernel<MT, NI, WARPS, PF, SILU>,
+	sp = gemv_split(c, tiles, res * c->n_sm, (cols + TC_KS - 1) / TC_KS, WARPS, MT,
+			XF == XF_SILU);
+	sm70__launch_pdl(c, SM70__PDL_PREFETCH, gemv_tc_kernel<MT, NI, WARPS, PF, XF>,
 			 dim3((unsigned)tiles, (unsigned)sp), dim3(WARPS * 32), smem, y, y_f32, x,
-			 w, rows, cols, n, c->gemv_part, c->gemv_count);
+			 w, rows, cols, n, c->gemv_part, c->gemv_count, nm);
 }
 
 /* Warps per block. By default (auto) 4 for the plain GEMVs of one tile a warp and up to 8
@@ -545,17 +643,17 @@ static int gemv_warps(const struct sm70__cuda *c, int tiles)
 
 /* 4-warp blocks exist only where the experiment above can pick them (one tile a warp, up
  * to 8 rows of x): each instance of the kernel is compiled for every target. */
-template <int MT, int NI, bool SILU>
+template <int MT, int NI, int XF>
 static void gemv_tc_pick(struct sm70__cuda *c, int four, void *y, int y_f32, const __half *x,
-			 const __half *w, int rows, int cols, int n)
+			 const __half *w, int rows, int cols, int n, const struct gemv_norm &nm)
 {
-	if constexpr (!SILU && MT == 1 && NI <= 2) {
+	if constexpr (XF != XF_SILU && MT == 1 && NI <= 2) {
 		if (four) {
-			gemv_tc_launch<MT, NI, SILU, 4>(c, y, y_f32, x, w, rows, cols, n);
+			gemv_tc_launch<MT, NI, XF, 4>(c, y, y_f32, x, w, rows, cols, n, nm);
 			return;
 		}
 	}
-	gemv_tc_launch<MT, NI, SILU, 8>(c, y, y_f32, x, w, rows, cols, n);
+	gemv_tc_launch<MT, NI, XF, 8>(c, y, y_f32, x, w, rows, cols, n, nm);
 }
 
 /* Two 16-row tiles a warp (half the x re-reads) when that still gives four blocks an SM;
@@ -566,8 +664,10 @@ static void gemv_tc_dispatch(struct sm70__cuda *c, void *y, int y_f32, const __h
 {
 	const int mt2 = (rows + 31) / 32 >= 4 * c->n_sm;
 	const int four = !SILU && gemv_warps(c, mt2 ? (rows + 31) / 32 : (rows + 15) / 16) == 4;
+	const struct gemv_norm none = {};
+	constexpr int XF = SILU ? XF_SILU : XF_PLAIN;
 
-#define GEMV_TC(MT, NI) gemv_tc_pick<MT, NI, SILU>(c, four, y, y_f32, x, w, rows, cols, n)
+#define GEMV_TC(MT, NI) gemv_tc_pick<MT, NI, XF>(c, four, y, y_f32, x, w, rows, cols, n, none)
 	switch ((n + 3) / 4 + (mt2 ? 4 : 0)) {
 	case 1: GEMV_TC(1, 1); break;
 	case 2: GEMV_TC(1, 2); break;
@@ -602,6 +702,44 @@ static int want_simt(void)
 		cached = v && strcmp(v, "simt") == 0;
 	}
 	return cached;
+}
+
+/* See backend.h (add_rmsnorm_matmul): the tensor-core GEMV in its XF_NORM form, whose
+ * blocks each make the normed row themselves while their first weight loads are in
+ * flight. Takes one row of x, f16 W with cols a multiple of 8 up to 8192, and the
+ * alignments add_rmsnorm's vector kernel needs; anything else (or a reference, SIMT or
+ * batch-invariant backend) gets -EOPNOTSUPP with nothing queued. */
+extern "C" int sm70__cuda_add_rmsnorm_matmul(struct sm70_backend *be, void *y, float *resid_out,
+					     const float *resid_in, const void *delta,
+					     const float *norm_w, float eps,
+					     const struct sm70_weight *w, int n)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+	const int rows = w->rows, cols = w->cols;
+	const struct gemv_norm nm = { resid_in, (const __half *)delta, resid_out, norm_w, eps };
+	int mt2, four;
+
+	if (n != 1 || w->dtype != SM70_DTYPE_F16 || rows <= 0 || cols <= 0 || cols % 8 ||
+	    cols > 8192 || c->matmul_ref || c->be.batch_invariant || want_simt() ||
+	    ((uintptr_t)w->data & 15) || ((uintptr_t)resid_in & 15) ||
+	    ((uintptr_t)resid_out & 15) || ((uintptr_t)norm_w & 15) || ((uintptr_t)delta & 7))
+		return -EOPNOTSUPP;
+	if (resid_out && resid_out == resid_in)
+		return -EINVAL;
+	mt2 = (rows + 31) / 32 >= 4 * c->n_sm;
+	four = gemv_warps(c, mt2 ? (rows + 31) / 32 : (rows + 15) / 16) == 4;
+	if (c->kt)
+		sm70__kt_label(c, "%dx%d", rows, cols);
+	if (mt2)
+		gemv_tc_pick<2, 1, XF_NORM>(c, four, y, 0, NULL, (const __half *)w->data, rows, cols,
+					     1, nm);
+	else
+		gemv_tc_pick<1, 1, XF_NORM>(c, four, y, 0, NULL, (const __half *)w->data, rows, cols,
+					     1, nm);
+	SM70_CUDA_LAUNCHED(be, "gemv_tc_kernel (norm)");
+	if (c->kt)
+		sm70__kt_label(c, NULL);
+	return c->sticky ? -EIO : 0;
 }
 
 /*

@@ -1,5 +1,5 @@
-/* test_cuda_fused - the fused CUDA ops (qk_norm_rope_kv, silu_matmul) against the CPU
- * backend's separate ops and against the CUDA backend's own unfused ops. */
+/* test_cuda_fused - the fused CUDA ops (qk_norm_rope_kv, silu_matmul, add_rmsnorm_matmul)
+ * against the CPU backend's separate ops and against the CUDA backend's own unfused ops. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -490,12 +490,117 @@ static void test_silu_matmul(void **state)
 	silu_matmul_shape(77, 100, ns, 4);
 }
 
+/*
+ * add_rmsnorm_matmul at one row of x: y and the updated residual against add_rmsnorm +
+ * matmul on the CPU (values) and on the CUDA backend (y bit for bit up to TOL_ULP, the
+ * residual exactly), with and without an update and a kept residual; then the calls the
+ * op must decline with nothing queued (two rows, an NVFP4-less reference backend).
+ */
+static void norm_matmul_shape(int rows, int cols, int with_delta, int keep)
+{
+	float *wv = rvec16((size_t)rows * cols, 1.7f / sqrtf((float)cols));
+	float *res = rvec16(cols, 3.0f), *dl = rvec16(cols, 1.0f), *nw = rvec16(cols, 1.0f);
+	struct sm70_weight wc = mk_weight(cpu, wv, rows, cols);
+	struct sm70_weight wg = mk_weight(gpu, wv, rows, cols);
+	void *rc = up_bytes(cpu, res, cols * 4), *rg = up_bytes(gpu, res, cols * 4);
+	void *rg2 = up_bytes(gpu, res, cols * 4), *ro = balloc(gpu, cols * 4);
+	void *dc = up_act(cpu, dl, cols), *dg = up_act(gpu, dl, cols);
+	void *nc, *ng, *xc = balloc(cpu, cols * 4), *xg = balloc(gpu, cols * 2);
+	void *oc = balloc(cpu, rows * 4), *of = balloc(gpu, rows * 2), *ou = balloc(gpu, rows * 2);
+	float *yc = fvec(rows), *yf = fvec(rows), *r_c = fvec(cols), *r_f = fvec(cols);
+	float *r_u = fvec(cols);
+	uint16_t *hf, *hu;
+	char what[160];
+
+	for (int i = 0; i < cols; i++) /* a norm weight near 1, as trained ones are */
+		nw[i] = 1.0f + 0.25f * nw[i];
+	nc = up_bytes(cpu, nw, cols * 4);
+	ng = up_bytes(gpu, nw, cols * 4);
+	cpu->ops->add_rmsnorm(cpu, xc, rc, with_delta ? dc : NULL, nc, 1, cols, 1e-6f);
+	cpu->ops->matmul(cpu, oc, 1, xc, &wc, 1);
+	assert_int_equal(gpu->ops->add_rmsnorm_matmul(gpu, of, keep ? ro : NULL, rg,
+						      with_delta ? dg : NULL, ng, 1e-6f, &wg, 1),
+			 0);
+	gpu->ops->add_rmsnorm(gpu, xg, rg2, with_delta ? dg : NULL, ng, 1, cols, 1e-6f);
+	gpu->ops->matmul(gpu, ou, 0, xg, &wg, 1);
+	get_bytes(cpu, yc, oc, rows * 4);
+	get_act(gpu, yf, of, rows);
+	hf = get_f16_codes(gpu, of, rows);
+	hu = get_f16_codes(gpu, ou, rows);
+	printf(" add_rmsnorm_matmul %dx%d %s%s\n", rows, cols,
+	       with_delta ? "with an update" : "first block (no update)",
+	       keep ? ", residual kept" : "");
+	snprintf(what, sizeof(what), "fused vs cpu add_rmsnorm+matmul");
+	compare_values(what, yf, yc, rows, TOL_F16_OUT);
+	compare_codes("fused vs cuda add_rmsnorm+matmul (same x, same tiles)", hf, hu, rows, 0,
+		      TOL_ULP);
+	if (keep) {
+		get_bytes(cpu, r_c, rc, cols * 4);
+		get_bytes(gpu, r_f, ro, cols * 4);
+		get_bytes(gpu, r_u, rg2, cols * 4);
+		assert_memory_equal(r_f, r_u, cols * 4); /* the same f32 adds */
+		compare_values("kept residual vs cpu", r_f, r_c, cols, 1e-6);
+	}
+	{
+		/* resid_in untouched */
+		float *r_in = fvec(cols);
+
+		get_bytes(gpu, r_in, rg, cols * 4);
+		assert_memory_equal(r_in, res, cols * 4);
+		free(r_in);
+	}
+	free(hu), free(hf);
+	free(r_u), free(r_f), free(r_c), free(yf), free(yc);
+	bfree(gpu, ou), bfree(gpu, of), bfree(cpu, oc), bfree(gpu, xg), bfree(cpu, xc);
+	bfree(gpu, ng), bfree(cpu, nc), bfree(gpu, dg), bfree(cpu, dc);
+	bfree(gpu, ro), bfree(gpu, rg2), bfree(gpu, rg), bfree(cpu, rc);
+	bfree(gpu, wg.data), bfree(cpu, wc.data);
+	free(nw), free(dl), free(res), free(wv);
+}
+
+static void test_add_rmsnorm_matmul(void **state)
+{
+	float *v = rvec16(64 * 64, 0.1f);
+	struct sm70_weight w = mk_weight(gpu, v, 64, 64);
+	void *r = balloc(gpu, 2 * 64 * 4), *o = balloc(gpu, 2 * 64 * 4), *y = balloc(gpu, 128 * 2);
+	void *nw = balloc(gpu, 64 * 4);
+
+	assert_non_null(gpu->ops->add_rmsnorm_matmul);
+	/* Qwen3-8B's qkv and gate_up (two tiles a warp), Qwen3.5-27B's hidden, odd shapes: a
+	 * partial 64-column step and a partial row tile */
+	norm_matmul_shape(6144, 4096, 1, 1);
+	norm_matmul_shape(24576, 4096, 1, 1);
+	norm_matmul_shape(6144, 4096, 0, 1);
+	norm_matmul_shape(1000, 5120, 1, 0);
+	norm_matmul_shape(33, 520, 1, 1);
+	norm_matmul_shape(100, 8192, 1, 1);
+	/* declined with nothing queued: two rows, cols past 8192 or not a multiple of 8,
+	 * the residual written over itself */
+	assert_int_equal(gpu->ops->add_rmsnorm_matmul(gpu, y, o, r, NULL, nw, 1e-6f, &w, 2),
+			 -EOPNOTSUPP);
+	w.cols = 60;
+	assert_int_equal(gpu->ops->add_rmsnorm_matmul(gpu, y, o, r, NULL, nw, 1e-6f, &w, 1),
+			 -EOPNOTSUPP);
+	w.cols = 64;
+	assert_int_equal(gpu->ops->add_rmsnorm_matmul(gpu, y, r, r, NULL, nw, 1e-6f, &w, 1),
+			 -EINVAL);
+	/* the reference backend's matmul is the plain kernel: it declines, the caller runs
+	 * the two ops */
+	assert_true(!gpu_ref->ops->add_rmsnorm_matmul ||
+		    gpu_ref->ops->add_rmsnorm_matmul(gpu_ref, y, o, r, NULL, nw, 1e-6f, &w, 1) ==
+			    -EOPNOTSUPP);
+	assert_int_equal(gpu->ops->sync(gpu), 0);
+	bfree(gpu, nw), bfree(gpu, y), bfree(gpu, o), bfree(gpu, r), bfree(gpu, w.data);
+	free(v);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_qk_norm_rope_kv),
 		cmocka_unit_test(test_qk_fp8_encoder),
 		cmocka_unit_test(test_silu_matmul),
+		cmocka_unit_test(test_add_rmsnorm_matmul),
 	};
 
 	return gpu_test_main("test_cuda_fused", tests, sizeof(tests) / sizeof(tests[0]), &gpu,

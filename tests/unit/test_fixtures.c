@@ -15,7 +15,8 @@
  * under 2e-4, about what fp16 activations move a probability, the GPU may route a token
  * to another expert, and a difference from there on ends the case (reported) instead of
  * failing it. SM70_KV_DTYPE selects the KV cache mode by engine.kv_dtype's words: fp8 (K
- * FP8-E4M3, V f16), fp8-all (both FP8), f16, f32.
+ * FP8-E4M3, V f16), fp8-all (both FP8), f16, f32. The cases run alone once more with
+ * SM70_FUSED=norm (the residual add + RMSNorm folded into the next matmul).
  */
 #include <dirent.h>
 #include <jansson.h>
@@ -300,6 +301,21 @@ static void test_batched(void **state)
 	for_each_fixture(batched);
 }
 
+/* Alone again with the residual add + RMSNorm folded into the next matmul at one-token
+ * steps (SM70_FUSED=norm: the engine's second residual and the backend's
+ * add_rmsnorm_matmul), unless the caller chose the fusions. */
+static void test_alone_norm_fused(void **state)
+{
+	if (getenv("SM70_FUSED")) {
+		printf("SKIP alone with SM70_FUSED=norm: SM70_FUSED=%s set by the caller\n",
+		       getenv("SM70_FUSED"));
+		return;
+	}
+	setenv("SM70_FUSED", "norm", 1);
+	for_each_fixture(alone);
+	unsetenv("SM70_FUSED");
+}
+
 int main(void)
 {
 	const char *b = getenv("SM70_BACKEND"), *kv = getenv("SM70_KV_DTYPE");
@@ -328,6 +344,7 @@ int main(void)
 		cmocka_unit_test(test_alone),
 		cmocka_unit_test(test_batched),
 		cmocka_unit_test(test_batch16),
+		cmocka_unit_test(test_alone_norm_fused),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
