@@ -171,6 +171,16 @@ void sm70__reduce_delta(struct sm70_model *m, struct sm70__work *w, int T)
 				       m->rank[0].be->act_dtype);
 }
 
+/* w->resid += delta (when non-NULL), then the block input w->y = its norm. */
+static void norm_into_y(struct sm70_model *m, int r, struct sm70__work *w, const void *delta,
+			const float *norm)
+{
+	struct sm70_backend *be = m->rank[r].be;
+
+	be->ops->add_rmsnorm(be, w->y, w->resid, delta, norm, m->rank[r].batch.n_tokens,
+			     m->cfg.hidden_size, m->cfg.rms_norm_eps);
+}
+
 /* Before a block: the pending update (none before the first block) joins the residual
  * and the block's input is its norm. With SM70_FUSED=norm, a one-token step and a block
  * whose input feeds only its first matmul (next: that matmul's weight, else NULL), the
@@ -178,16 +188,13 @@ void sm70__reduce_delta(struct sm70_model *m, struct sm70__work *w, int T)
 static void residual_in(struct sm70_model *m, int r, struct sm70__work *w, int first,
 			const float *norm, const struct sm70_weight *next)
 {
-	struct sm70_backend *be = m->rank[r].be;
-
-	if (next && w->resid_alt && be->ops->add_rmsnorm_matmul &&
+	if (next && w->resid_alt && m->rank[r].be->ops->add_rmsnorm_matmul &&
 	    m->rank[r].batch.n_tokens == 1) {
 		w->pend_norm = norm;
 		w->pend_first = first;
 		return;
 	}
-	be->ops->add_rmsnorm(be, w->y, w->resid, first ? NULL : w->delta, norm,
-			     m->rank[r].batch.n_tokens, m->cfg.hidden_size, m->cfg.rms_norm_eps);
+	norm_into_y(m, r, w, first ? NULL : w->delta, norm);
 }
 
 /* A block's first matmul, y_out = norm(input) W^T: with the norm still owed, one fused
@@ -213,8 +220,7 @@ static void block_matmul_in(struct sm70_model *m, int r, struct sm70__work *w, v
 			w->resid_alt = t;
 			return;
 		}
-		op->add_rmsnorm(be, w->y, w->resid, delta, norm, T, m->cfg.hidden_size,
-				m->cfg.rms_norm_eps);
+		norm_into_y(m, r, w, delta, norm);
 	}
 	op->matmul(be, y_out, 0, w->y, W, T);
 }

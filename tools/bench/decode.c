@@ -184,7 +184,8 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
 			goto out;
 	c.tokens = 0;
-	sm70_kernel_times(NULL, 0, 1); /* the timed steps alone */
+	if (kt.on)
+		sm70_kernel_times(NULL, 0, 1); /* the timed steps alone */
 	sm70_engine_get_stats(e, &st0);
 	t0 = sm70__cli_now_s();
 	for (int i = 0; i < steps; i++)
