@@ -359,13 +359,24 @@ struct sm70_backend_ops {
 	 * Optional (NULL: the caller runs add_rmsnorm, then matmul). Both in one: r =
 	 * resid_in (f32 [n, w->cols]) + delta (act, when non-NULL) is written to resid_out
 	 * (f32, not resid_in; NULL: not kept), x = add_rmsnorm's y of r (bit for bit) and
-	 * y = x W^T as matmul computes it. A backend may take only some shapes: it returns
-	 * 0 when it queued the work, -EOPNOTSUPP when it did not take this call (nothing
-	 * queued: the caller runs the two ops), -EINVAL for resid_out == resid_in.
+	 * y = x W^T as matmul computes it (glu: y as matmul_glu makes it from x). A backend
+	 * may take only some shapes: it returns 0 when it queued the work, -EOPNOTSUPP when
+	 * it did not take this call (nothing queued: the caller runs the ops), -EINVAL for
+	 * resid_out == resid_in.
 	 */
 	int (*add_rmsnorm_matmul)(struct sm70_backend *be, void *y, float *resid_out,
 				  const float *resid_in, const void *delta, const float *norm_w,
-				  float eps, const struct sm70_weight *w, int n);
+				  float eps, const struct sm70_weight *w, int n, int glu);
+
+	/*
+	 * Optional (NULL: the caller runs matmul, then silu_mul). The gated MLP's input half
+	 * in one op: w is the gate rows, then as many up rows ([gate; up], w->rows even), and
+	 * y (act [n, w->rows / 2]) = silu_mul of x W^T, bit for bit the two ops' result (the
+	 * matmul's output rounded to act first). Returns 0 when it queued the work,
+	 * -EOPNOTSUPP when it did not take this call (nothing queued).
+	 */
+	int (*matmul_glu)(struct sm70_backend *be, void *y, const void *x,
+			  const struct sm70_weight *w, int n);
 
 	/* Optional (tensor parallelism; NULL: the model gathers whole rows). For each
 	 * r < n: out[r] summarises row r of logits [n, vocab], this rank's slice of the

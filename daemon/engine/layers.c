@@ -197,11 +197,13 @@ static void residual_in(struct sm70_model *m, int r, struct sm70__work *w, int f
 	norm_into_y(m, r, w, first ? NULL : w->delta, norm);
 }
 
-/* A block's first matmul, y_out = norm(input) W^T: with the norm still owed, one fused
- * op that also writes the updated residual to the other buffer (the two then swap), or,
- * where the backend does not take the call, the two ops. */
+/* A block's first matmul, y_out = norm(input) W^T, and with glu_out (the gated MLP's
+ * gate_up, SM70_FUSED=glu) glu_out = silu_mul(y_out) too. With the norm still owed, one
+ * fused op that also writes the updated residual to the other buffer (the two then
+ * swap); then the GLU fusion; the separate ops wherever the backend does not take the
+ * call (y_out is written only then). */
 static void block_matmul_in(struct sm70_model *m, int r, struct sm70__work *w, void *y_out,
-			    const struct sm70_weight *W)
+			    const struct sm70_weight *W, void *glu_out)
 {
 	struct sm70_backend *be = m->rank[r].be;
 	const struct sm70_backend_ops *op = be->ops;
@@ -209,20 +211,32 @@ static void block_matmul_in(struct sm70_model *m, int r, struct sm70__work *w, v
 
 	if (w->pend_norm) {
 		const float *norm = w->pend_norm;
+		float *resid = w->resid;
 		const void *delta = w->pend_first ? NULL : w->delta;
+		float eps = m->cfg.rms_norm_eps;
 
 		w->pend_norm = NULL;
-		if (op->add_rmsnorm_matmul(be, y_out, w->resid_alt, w->resid, delta, norm,
-					   m->cfg.rms_norm_eps, W, T) == 0) {
-			float *t = w->resid;
-
+		if (glu_out && op->add_rmsnorm_matmul(be, glu_out, w->resid_alt, resid, delta,
+						      norm, eps, W, T, 1) == 0) {
 			w->resid = w->resid_alt;
-			w->resid_alt = t;
+			w->resid_alt = resid;
 			return;
 		}
-		norm_into_y(m, r, w, delta, norm);
+		if (op->add_rmsnorm_matmul(be, y_out, w->resid_alt, resid, delta, norm, eps, W, T,
+					   0) == 0) {
+			w->resid = w->resid_alt;
+			w->resid_alt = resid;
+		} else {
+			norm_into_y(m, r, w, delta, norm);
+			op->matmul(be, y_out, 0, w->y, W, T);
+		}
+	} else if (glu_out && op->matmul_glu && op->matmul_glu(be, glu_out, w->y, W, T) == 0) {
+		return;
+	} else {
+		op->matmul(be, y_out, 0, w->y, W, T);
 	}
-	op->matmul(be, y_out, 0, w->y, W, T);
+	if (glu_out)
+		op->silu_mul(be, glu_out, y_out, T, W->rows / 2);
 }
 
 /*
@@ -273,7 +287,7 @@ void sm70__attention_block(struct sm70_model *m, int r, int l, struct sm70__work
 	char *k_in = (char *)w->qkv + (size_t)Hq * D * a;
 	char *v_in = k_in + (size_t)Hk * D * a;
 
-	block_matmul_in(m, r, w, w->qkv, &A->qkv);
+	block_matmul_in(m, r, w, w->qkv, &A->qkv, NULL);
 	if ((m->fused & SM70_FUSED_QK) && op->qk_norm_rope_kv) {
 		op->qk_norm_rope_kv(be, w->qkv, ld, T, Hq, Hk, D, A->q_norm, A->k_norm,
 				    c->rms_norm_eps, b->tok_pos, c->rot_dim, c->rope_theta,
@@ -310,7 +324,7 @@ void sm70__gdn_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
 	const char *z = (const char *)w->gdn_proj + (size_t)L->conv_dim * a;
 	const char *ba = z + (size_t)vd * a;
 
-	block_matmul_in(m, r, w, w->gdn_proj, &G->in_proj);
+	block_matmul_in(m, r, w, w->gdn_proj, &G->in_proj, NULL);
 	op->conv1d_silu(be, w->gdn_conv, w->gdn_proj, w->proj_ld, G->conv, &rk->state[l], L, b);
 	op->gdn(be, w->gdn_core, w->gdn_conv, ba, w->proj_ld, G->a_log, G->dt_bias,
 		&rk->state[l], L, b, !m->opts.gdn_recurrent);
@@ -328,7 +342,12 @@ static void mlp_block(struct sm70_model *m, int r, int l, struct sm70__work *w)
 	const struct sm70_mlp_weights *M = &sm70__layer_of(m, r, l)->mlp;
 	int T = rk->batch.n_tokens;
 
-	block_matmul_in(m, r, w, w->gate_up, &M->gate_up);
+	if (m->fused & SM70_FUSED_GLU) {
+		block_matmul_in(m, r, w, w->gate_up, &M->gate_up, w->mid);
+		op->matmul(be, w->delta, 0, w->mid, &M->down, T);
+		return;
+	}
+	block_matmul_in(m, r, w, w->gate_up, &M->gate_up, NULL);
 	/* the fused form re-reads W for every 16 rows: decode-sized steps only; it reads
 	 * float weights only (backend.h: only matmul takes NVFP4) */
 	if ((m->fused & SM70_FUSED_SILU) && op->silu_matmul && T <= 16 &&

@@ -375,6 +375,49 @@ static int alloc_rank(struct sm70_model *m, int r, struct sm70_err *err)
 	return 0;
 }
 
+/*
+ * SM70_FUSED: which of the backend's fused ops the engine uses, a comma-separated list
+ * of qk (q/k norm + RoPE + cache write), hc (the one-token hyper-connection mixer), silu
+ * (SwiGLU inside the down projection), norm (the residual add + RMSNorm inside the next
+ * GEMV at one token), glu (SwiGLU as the gate/up GEMV's epilogue), default (qk and hc),
+ * 1 (all) and 0 (none). Unset: default. The SwiGLU-into-down fusion measured slower
+ * (its GEMV reads gate and up for every block: docs/PERFORMANCE.md); glu supersedes it.
+ */
+static int parse_fused(const char *env, int *out, struct sm70_err *err)
+{
+	static const struct {
+		const char *name;
+		int bits;
+	} words[] = {
+		{ "default", SM70_FUSED_QK | SM70_FUSED_HC }, { "qk", SM70_FUSED_QK },
+		{ "hc", SM70_FUSED_HC }, { "silu", SM70_FUSED_SILU }, { "norm", SM70_FUSED_NORM },
+		{ "glu", SM70_FUSED_GLU }, { "1", SM70_FUSED_ALL }, { "0", 0 },
+	};
+	const char *p = env;
+
+	*out = 0;
+	if (!env) {
+		*out = SM70_FUSED_QK | SM70_FUSED_HC;
+		return 0;
+	}
+	for (;;) {
+		size_t len = strcspn(p, ",");
+		size_t i;
+
+		for (i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+			if (strlen(words[i].name) == len && strncmp(p, words[i].name, len) == 0)
+				break;
+		if (i == sizeof(words) / sizeof(words[0]))
+			return sm70_errf(err, -EINVAL, "SM70_FUSED=%s: unknown fusion '%.*s' (a "
+					 "comma-separated list of default, qk, hc, silu, norm, "
+					 "glu, 1, 0)", env, (int)len, p);
+		*out |= words[i].bits;
+		if (!p[len])
+			return 0;
+		p += len + 1;
+	}
+}
+
 int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 		       struct sm70_backend *const be[], int tp, struct sm70_comm *comm,
 		       const struct sm70_model_opts *opts, struct sm70_err *err)
@@ -399,22 +442,16 @@ int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,
 		return -ENOMEM;
 	m->opts = *opts;
 	m->tp = tp;
-	env = getenv("SM70_FUSED");
-	/* default: the q/k fusion and the one-token hyper-connection mixer; the
-	 * SwiGLU-into-down fusion measured slower (its GEMV reads gate and up for every
-	 * block: docs/PERFORMANCE.md); "norm" adds the residual add + RMSNorm folded into
-	 * the next GEMV at one token (not yet measured). Parsed before the workspace is
-	 * sized: the norm fusion needs a second residual. */
-	m->fused = !env || strcmp(env, "default") == 0 ? SM70_FUSED_QK | SM70_FUSED_HC :
-		   strcmp(env, "norm") == 0 ? SM70_FUSED_QK | SM70_FUSED_HC | SM70_FUSED_NORM :
-		   strcmp(env, "qk") == 0 ? SM70_FUSED_QK :
-		   strcmp(env, "hc") == 0 ? SM70_FUSED_HC :
-		   strcmp(env, "0") == 0 ? 0 :
-		   strcmp(env, "silu") == 0 ? SM70_FUSED_SILU : SM70_FUSED_ALL;
+	/* parsed before the workspace is sized: the norm fusion needs a second residual */
+	ret = parse_fused(getenv("SM70_FUSED"), &m->fused, err);
+	if (ret) {
+		free(m);
+		return ret;
+	}
 	/* batch invariance: the fusions taken only at some step sizes would give a row other
 	 * bits at others (the q/k fusion is taken at every size) */
 	if (opts->batch_invariant)
-		m->fused &= ~(SM70_FUSED_SILU | SM70_FUSED_HC | SM70_FUSED_NORM);
+		m->fused &= ~(SM70_FUSED_SILU | SM70_FUSED_HC | SM70_FUSED_NORM | SM70_FUSED_GLU);
 	m->comm = tp > 1 ? comm : NULL;
 	for (int r = 0; r < tp; r++)
 		m->rank[r].be = be[r];

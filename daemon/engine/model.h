@@ -126,7 +126,7 @@ struct sm70_arch_ops {
 };
 
 enum { SM70_FUSED_QK = 1, SM70_FUSED_SILU = 2, SM70_FUSED_HC = 4, SM70_FUSED_NORM = 8,
-       SM70_FUSED_ALL = 15 };
+       SM70_FUSED_GLU = 16, SM70_FUSED_ALL = 31 };
 
 struct sm70_model {
 	struct sm70_model_config cfg;
@@ -141,9 +141,9 @@ struct sm70_model {
 	const struct sm70_arch_entry *entry; /* the registry row (arch.h) */
 	struct sm70_kv_layout kv_lay; /* every rank's (n_kv_heads is per rank) */
 	int n_state_slots;         /* recurrent-state slots; 0 for models without state */
-	/* Which of the backend's fused ops to use (the qk_norm_rope_kv, silu_matmul and
-	 * hc_mix slots of backend.h): SM70_FUSED=default (qk and hc), qk, hc or silu alone,
-	 * 1 all three, 0 none. */
+	/* Which of the backend's fused ops to use (SM70_FUSED_*: the qk_norm_rope_kv,
+	 * silu_matmul, hc_mix, add_rmsnorm_matmul and matmul_glu slots of backend.h), from
+	 * SM70_FUSED (model.c, parse_fused). */
 	int fused;
 	int ple_overlap; /* SM70_PLE_OVERLAP: PLE rows gathered on the side stream */
 	/* Benchmarks only: SM70_BENCH_SKIP_ALLREDUCE=1 leaves the all-reduces out, so that

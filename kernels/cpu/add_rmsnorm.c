@@ -64,32 +64,44 @@ void sm70__cpu_add_rmsnorm(struct sm70_backend *be, void *y, float *resid, const
 		       add_rmsnorm_rows, &j);
 }
 
-/* See backend.h: the CPU's twin of the fused op is the two ops in turn (through a scratch
- * x and, when resid_out is NULL, a scratch residual), so its results are theirs exactly;
- * it takes every call. */
+/* See backend.h: the CPU's twin of the fused op is the ops in turn (through a scratch x,
+ * a scratch gate_up with glu and, when resid_out is NULL, a scratch residual), so its
+ * results are theirs exactly; it takes every call (with glu, an even row count). */
 int sm70__cpu_add_rmsnorm_matmul(struct sm70_backend *be, void *y, float *resid_out,
 				 const float *resid_in, const void *delta, const float *norm_w,
-				 float eps, const struct sm70_weight *w, int n)
+				 float eps, const struct sm70_weight *w, int n, int glu)
 {
 	const size_t count = (size_t)n * (size_t)w->cols;
-	float *x, *r;
+	float *x, *r, *gate_up = NULL;
 
 	if (resid_out && resid_out == resid_in)
 		return -EINVAL;
+	if (glu && w->rows % 2)
+		return -EOPNOTSUPP;
 	if (n <= 0 || w->cols <= 0)
 		return 0;
-	x = calloc(count, sizeof(float)); /* calloc: gcc cannot see the pool job fill it */
+	/* calloc: gcc cannot see the pool jobs fill them */
+	x = calloc(count, sizeof(float));
 	r = resid_out ? resid_out : malloc(count * sizeof(float));
-	if (!x || !r) {
+	if (glu)
+		gate_up = calloc((size_t)n * (size_t)w->rows, sizeof(float));
+	if (!x || !r || (glu && !gate_up)) {
 		free(x);
+		free(gate_up);
 		if (!resid_out)
 			free(r);
-		return -EOPNOTSUPP; /* the caller runs the two ops, which need no memory */
+		return -EOPNOTSUPP; /* the caller runs the ops, which need no memory */
 	}
 	memcpy(r, resid_in, count * sizeof(float));
 	sm70__cpu_add_rmsnorm(be, x, r, delta, norm_w, n, w->cols, eps);
-	sm70__cpu_matmul(be, y, 0, x, w, n);
+	if (glu) {
+		sm70__cpu_matmul(be, gate_up, 0, x, w, n);
+		sm70__cpu_silu_mul(be, y, gate_up, n, w->rows / 2);
+	} else {
+		sm70__cpu_matmul(be, y, 0, x, w, n);
+	}
 	free(x);
+	free(gate_up);
 	if (!resid_out)
 		free(r);
 	return 0;

@@ -131,6 +131,7 @@ static const struct sm70_backend_ops cpu_ops = {
 	.add = sm70__cpu_add,
 	.matmul = sm70__cpu_matmul,
 	.add_rmsnorm_matmul = sm70__cpu_add_rmsnorm_matmul,
+	.matmul_glu = sm70__cpu_matmul_glu,
 	.prepare_weight = sm70__cpu_prepare_weight,
 	.prepare_experts = sm70__cpu_prepare_experts,
 	.head_norm_rope = sm70__cpu_head_norm_rope,

@@ -227,9 +227,11 @@ void sm70__cpu_embed(struct sm70_backend *be, float *x, const struct sm70_weight
 		     const int32_t *ids, int n);
 void sm70__cpu_add_rmsnorm(struct sm70_backend *be, void *y, float *resid, const void *delta,
 			   const float *w, int n, int dim, float eps);
+int sm70__cpu_matmul_glu(struct sm70_backend *be, void *y, const void *x,
+			 const struct sm70_weight *w, int n);
 int sm70__cpu_add_rmsnorm_matmul(struct sm70_backend *be, void *y, float *resid_out,
 				 const float *resid_in, const void *delta, const float *norm_w,
-				 float eps, const struct sm70_weight *w, int n);
+				 float eps, const struct sm70_weight *w, int n, int glu);
 void sm70__cpu_add(struct sm70_backend *be, float *resid, const void *x, size_t count);
 void sm70__cpu_matmul(struct sm70_backend *be, void *y, int y_f32, const void *x,
 		      const struct sm70_weight *w, int n);

@@ -6,7 +6,9 @@
  *
  * Non-goals: other activations (gelu variants are not in the Qwen family's MLPs).
  */
+#include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include "kernels/cpu/cpu_ops.h"
 
@@ -39,4 +41,24 @@ void sm70__cpu_silu_mul(struct sm70_backend *be, void *out, const void *gate_up,
 
 	sm70__pool_run(sm70__cpu_of(be)->pool, n, sm70__cpu_grain((size_t)inter * 16), silu_rows,
 		       &j);
+}
+
+/* See backend.h (matmul_glu): the CPU's twin is the two ops in turn through a scratch
+ * gate_up, so its result is theirs exactly. Takes every call with an even row count. */
+int sm70__cpu_matmul_glu(struct sm70_backend *be, void *y, const void *x,
+			 const struct sm70_weight *w, int n)
+{
+	float *gate_up;
+
+	if (w->rows % 2)
+		return -EOPNOTSUPP;
+	if (n <= 0 || w->rows <= 0)
+		return 0;
+	gate_up = calloc((size_t)n * (size_t)w->rows, sizeof(float)); /* see add_rmsnorm.c */
+	if (!gate_up)
+		return -EOPNOTSUPP; /* the caller runs the two ops, which need no memory */
+	sm70__cpu_matmul(be, gate_up, 0, x, w, n);
+	sm70__cpu_silu_mul(be, y, gate_up, n, w->rows / 2);
+	free(gate_up);
+	return 0;
 }

@@ -316,6 +316,7 @@ static const struct sm70_backend_ops cuda_ops = {
 	.gather_rows = sm70__cuda_gather_rows,
 	.sample = sm70__cuda_sample,
 	.add_rmsnorm_matmul = sm70__cuda_add_rmsnorm_matmul,
+	.matmul_glu = sm70__cuda_matmul_glu,
 	.shard_summary = sm70__cuda_shard_summary,
 	.qk_norm_rope_kv = sm70__cuda_qk_norm_rope_kv,
 	.silu_matmul = sm70__cuda_silu_matmul,

@@ -26,7 +26,9 @@ void sm70__cuda_matmul(struct sm70_backend *be, void *y, int y_f32, const void *
 		       const struct sm70_weight *w, int n);
 int sm70__cuda_add_rmsnorm_matmul(struct sm70_backend *be, void *y, float *resid_out,
 				  const float *resid_in, const void *delta, const float *norm_w,
-				  float eps, const struct sm70_weight *w, int n);
+				  float eps, const struct sm70_weight *w, int n, int glu);
+int sm70__cuda_matmul_glu(struct sm70_backend *be, void *y, const void *x,
+			  const struct sm70_weight *w, int n);
 /* matmul_nvfp4.cu: matmul on an NVFP4 weight (sm70__cuda_matmul routes there), and the
  * backend's prepare_weight (host work and uploads; returns when the weight is uploaded). */
 void sm70__cuda_matmul_nvfp4(struct sm70_backend *be, void *y, int y_f32, const void *x,

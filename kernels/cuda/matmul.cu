@@ -364,7 +364,44 @@ static inline size_t gemv_norm_smem(int cols)
 	return (size_t)cols * 6 + 8 * sizeof(float);
 }
 
-template <int MT, int NI, int WARPS, int PF, int XF>
+/* x = f16(silu(f16(g)) * f16(u)) with silu_mul.cu's very expression: the bits the
+ * separate matmul and silu_mul ops would have written (GLU epilogue). */
+static __device__ __forceinline__ __half glu_out(float g, float u)
+{
+	const float a = __half2float(__float2half_rn(g));
+
+	return __float2half_rn((a / (1.0f + expf(-a))) * __half2float(__float2half_rn(u)));
+}
+
+/* One output of a block: the plain form stores sum tile row rr (of 16 * MT) for x row j;
+ * the GLU form pairs the gate row rr (tile 0) with the up row rr (tile 1). get(rr, j)
+ * gives a tile element's sum. */
+template <int MT, bool GLU, typename Get>
+static __device__ __forceinline__ void gemv_store(void *y, int y_f32, int rows, int r0, int rr,
+						  int j, Get get)
+{
+	if (GLU) {
+		const int half = rows / 2;
+
+		if (r0 + rr < half)
+			((__half *)y)[(size_t)j * half + r0 + rr] = glu_out(get(rr, j), get(16 + rr, j));
+		return;
+	}
+	if (r0 + rr >= rows)
+		return;
+	if (y_f32)
+		((float *)y)[(size_t)j * rows + r0 + rr] = get(rr, j);
+	else
+		((__half *)y)[(size_t)j * rows + r0 + rr] = __float2half_rn(get(rr, j));
+}
+
+/*
+ * GLU (matmul_glu, add_rmsnorm_matmul's glu): W is [gate; up], rows / 2 each, and the
+ * block's two 16-row tiles (MT = 2) are gate rows g0.. and the up rows half + g0.., so
+ * the block ends with both halves of its 16 outputs and writes silu(g) * u [n, rows / 2]
+ * (f16) instead of the rows. The k-sums are the plain kernel's.
+ */
+template <int MT, int NI, int WARPS, int PF, int XF, bool GLU>
 static __global__ void __launch_bounds__(WARPS * 32,
 					 (MT == 1 ? (XF == XF_SILU && NI >= 4 ? 1 : 2) :
 						    NI >= 3 ? 1 : 2) *
@@ -376,10 +413,12 @@ static __global__ void __launch_bounds__(WARPS * 32,
 	using namespace nvcuda;
 	constexpr bool SILU = XF == XF_SILU, NORM = XF == XF_NORM;
 	static_assert(!NORM || NI == 1, "the norm form takes one row of x");
+	static_assert(!GLU || (MT == 2 && !SILU), "the GLU form pairs two tiles of plain x");
 	extern __shared__ __align__(128) unsigned char tc_smem[];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int sub = lane >> 3, chunk = lane & 7;
-	const int r0 = blockIdx.x * 16 * MT;
+	/* GLU: the first gate row (its up row is half further); else the first row */
+	const int r0 = blockIdx.x * (GLU ? 16 : 16 * MT);
 	/* split (gridDim.y) > 1: this block takes split blockIdx.y of the column steps */
 	const int split = (int)gridDim.y, nsteps = (cols + TC_KS - 1) / TC_KS;
 	const int q0 = (int)blockIdx.y * nsteps / split;
@@ -398,10 +437,11 @@ static __global__ void __launch_bounds__(WARPS * 32,
 
 #pragma unroll
 	for (int i = 0; i < 4 * MT; i++) {
-		int r = r0 + sub + 4 * i;
+		const int half = rows / 2, k = r0 + sub + 4 * (GLU ? i & 3 : i);
+		const int r = GLU ? (i < 4 ? k : half + k) : k;
 
 		/* a row past the end reads the last row (valid) and is never stored */
-		wp[i] = w + (size_t)(r < rows ? r : rows - 1) * cols + chunk * 8;
+		wp[i] = w + (size_t)((GLU ? k < half : r < rows) ? r : rows - 1) * cols + chunk * 8;
 	}
 #pragma unroll
 	for (int m = 0; m < MT; m++)
@@ -526,35 +566,30 @@ static __global__ void __launch_bounds__(WARPS * 32,
 		if (!last)
 			return;
 		__threadfence();
-		for (int idx = threadIdx.x; idx < n * 16 * MT; idx += WARPS * 32) {
-			const int j = idx / (16 * MT), rr = idx - j * (16 * MT);
-			float sum = 0.0f;
+		/* GLU: an output takes two partial sums (gate, up), so 16 outputs a row */
+		for (int idx = threadIdx.x; idx < n * (GLU ? 16 : 16 * MT); idx += WARPS * 32) {
+			const int j = idx / (GLU ? 16 : 16 * MT), rr = idx - j * (GLU ? 16 : 16 * MT);
 
-			for (int z = 0; z < split; z++)
-				sum += __ldcg(part + ((size_t)blockIdx.x * split + z) * (256 * MT) +
-					      idx);
-			if (r0 + rr >= rows)
-				continue;
-			if (y_f32)
-				((float *)y)[(size_t)j * rows + r0 + rr] = sum;
-			else
-				((__half *)y)[(size_t)j * rows + r0 + rr] = __float2half_rn(sum);
+			gemv_store<MT, GLU>(y, y_f32, rows, r0, rr, j, [&](int t, int jj) {
+				float sum = 0.0f;
+
+				for (int z = 0; z < split; z++)
+					sum += __ldcg(part +
+						      ((size_t)blockIdx.x * split + z) * (256 * MT) +
+						      jj * 16 * MT + t);
+				return sum;
+			});
 		}
 		if (threadIdx.x == 0)
 			count[blockIdx.x] = 0;
 		return;
 	}
-	for (int idx = threadIdx.x; idx < n * 16 * MT; idx += WARPS * 32) {
-		const int j = idx / (16 * MT), rr = idx - j * (16 * MT);
-		float sum;
+	for (int idx = threadIdx.x; idx < n * (GLU ? 16 : 16 * MT); idx += WARPS * 32) {
+		const int j = idx / (GLU ? 16 : 16 * MT), rr = idx - j * (GLU ? 16 : 16 * MT);
 
-		if (r0 + rr >= rows)
-			continue;
-		sum = tc_block_sum<MT, WARPS>(tc_smem, rr, j);
-		if (y_f32)
-			((float *)y)[(size_t)j * rows + r0 + rr] = sum;
-		else
-			((__half *)y)[(size_t)j * rows + r0 + rr] = __float2half_rn(sum);
+		gemv_store<MT, GLU>(y, y_f32, rows, r0, rr, j, [&](int t, int jj) {
+			return tc_block_sum<MT, WARPS>(tc_smem, t, jj);
+		});
 	}
 }
 
@@ -601,7 +636,7 @@ static int gemv_split(const struct sm70__cuda *c, int tiles, int slots, int nste
 	return best;
 }
 
-template <int MT, int NI, int XF, int WARPS>
+template <int MT, int NI, int XF, int WARPS, bool GLU = false>
 static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __half *x,
 			   const __half *w, int rows, int cols, int n, const struct gemv_norm &nm)
 {
@@ -609,9 +644,9 @@ static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 	 * blocks, so each warp must keep more bytes in flight. (SILU at NI = 2 would spill.) */
 	constexpr int PF = MT == 1 && NI <= (XF == XF_SILU ? 1 : 2) ? 3 : 2;
 	const size_t smem = WARPS * tc_warp<MT>::bytes + (XF == XF_NORM ? gemv_norm_smem(cols) : 0);
-	const int tiles = (rows + 16 * MT - 1) / (16 * MT);
+	const int tiles = GLU ? (rows / 2 + 15) / 16 : (rows + 16 * MT - 1) / (16 * MT);
 	const int res = sm70__cuda_resident(
-		c, (const void *)gemv_tc_kernel<MT, NI, WARPS, PF, XF>, WARPS * 32, smem);
+		c, (const void *)gemv_tc_kernel<MT, NI, WARPS, PF, XF, GLU>, WARPS * 32, smem);
 
 	int sp;
 
@@ -619,7 +654,7 @@ static void gemv_tc_launch(struct sm70__cuda *c, void *y, int y_f32, const __hal
 		return;
 	sp = gemv_split(c, tiles, res * c->n_sm, (cols + TC_KS - 1) / TC_KS, WARPS, MT,
 			XF == XF_SILU);
-	sm70__launch_pdl(c, SM70__PDL_PREFETCH, gemv_tc_kernel<MT, NI, WARPS, PF, XF>,
+	sm70__launch_pdl(c, SM70__PDL_PREFETCH, gemv_tc_kernel<MT, NI, WARPS, PF, XF, GLU>,
 			 dim3((unsigned)tiles, (unsigned)sp), dim3(WARPS * 32), smem, y, y_f32, x,
 			 w, rows, cols, n, c->gemv_part, c->gemv_count, nm);
 }
@@ -704,39 +739,81 @@ static int want_simt(void)
 	return cached;
 }
 
+/* Whether the GLU form takes W and n: f16 [gate; up] (even rows), cols a multiple of 8,
+ * up to 8 rows of x (where matmul runs the tensor-core GEMV on a tall matrix), on a
+ * backend that is neither the reference, SIMT nor batch-invariant. */
+static bool glu_takes(const struct sm70__cuda *c, const struct sm70_weight *w, int n)
+{
+	return n >= 1 && n <= 8 && w->dtype == SM70_DTYPE_F16 && w->rows > 0 && w->rows % 2 == 0 &&
+	       w->cols > 0 && w->cols % 8 == 0 && !c->matmul_ref && !c->be.batch_invariant &&
+	       !want_simt() && ((uintptr_t)w->data & 15) == 0;
+}
+
+/* See backend.h (matmul_glu): the tensor-core GEMV's GLU form, two tiles a warp (gate
+ * and up), 8 warps. -EOPNOTSUPP, with nothing queued, for what glu_takes refuses. */
+extern "C" int sm70__cuda_matmul_glu(struct sm70_backend *be, void *y, const void *x,
+				     const struct sm70_weight *w, int n)
+{
+	struct sm70__cuda *c = sm70__cuda_enter(be);
+	const struct gemv_norm none = {};
+
+	if (!glu_takes(c, w, n) || ((uintptr_t)x & 15))
+		return -EOPNOTSUPP;
+	if (c->kt)
+		sm70__kt_label(c, "%dx%d glu", w->rows, w->cols);
+	if (n <= 4)
+		gemv_tc_launch<2, 1, XF_PLAIN, 8, true>(c, y, 0, (const __half *)x,
+							 (const __half *)w->data, w->rows, w->cols,
+							 n, none);
+	else
+		gemv_tc_launch<2, 2, XF_PLAIN, 8, true>(c, y, 0, (const __half *)x,
+							 (const __half *)w->data, w->rows, w->cols,
+							 n, none);
+	SM70_CUDA_LAUNCHED(be, "gemv_tc_kernel (glu)");
+	if (c->kt)
+		sm70__kt_label(c, NULL);
+	return c->sticky ? -EIO : 0;
+}
+
 /* See backend.h (add_rmsnorm_matmul): the tensor-core GEMV in its XF_NORM form, whose
  * blocks each make the normed row themselves while their first weight loads are in
- * flight. Takes one row of x, f16 W with cols a multiple of 8 up to 8192, and the
- * alignments add_rmsnorm's vector kernel needs; anything else (or a reference, SIMT or
- * batch-invariant backend) gets -EOPNOTSUPP with nothing queued. */
+ * flight (with glu, its GLU form too). Takes one row of x, f16 W with cols a multiple
+ * of 8 up to 8192, and the alignments add_rmsnorm's vector kernel needs; anything else
+ * (or a reference, SIMT or batch-invariant backend) gets -EOPNOTSUPP with nothing
+ * queued. */
 extern "C" int sm70__cuda_add_rmsnorm_matmul(struct sm70_backend *be, void *y, float *resid_out,
 					     const float *resid_in, const void *delta,
 					     const float *norm_w, float eps,
-					     const struct sm70_weight *w, int n)
+					     const struct sm70_weight *w, int n, int glu)
 {
 	struct sm70__cuda *c = sm70__cuda_enter(be);
 	const int rows = w->rows, cols = w->cols;
+	const __half *wh = (const __half *)w->data;
 	const struct gemv_norm nm = { resid_in, (const __half *)delta, resid_out, norm_w, eps };
 	int mt2, four;
 
 	if (n != 1 || w->dtype != SM70_DTYPE_F16 || rows <= 0 || cols <= 0 || cols % 8 ||
 	    cols > 8192 || c->matmul_ref || c->be.batch_invariant || want_simt() ||
-	    ((uintptr_t)w->data & 15) || ((uintptr_t)resid_in & 15) ||
-	    ((uintptr_t)resid_out & 15) || ((uintptr_t)norm_w & 15) || ((uintptr_t)delta & 7))
+	    (glu && !glu_takes(c, w, n)) || ((uintptr_t)w->data & 15) ||
+	    ((uintptr_t)resid_in & 15) || ((uintptr_t)resid_out & 15) ||
+	    ((uintptr_t)norm_w & 15) || ((uintptr_t)delta & 7))
 		return -EOPNOTSUPP;
 	if (resid_out && resid_out == resid_in)
 		return -EINVAL;
 	mt2 = (rows + 31) / 32 >= 4 * c->n_sm;
 	four = gemv_warps(c, mt2 ? (rows + 31) / 32 : (rows + 15) / 16) == 4;
 	if (c->kt)
-		sm70__kt_label(c, "%dx%d", rows, cols);
-	if (mt2)
-		gemv_tc_pick<2, 1, XF_NORM>(c, four, y, 0, NULL, (const __half *)w->data, rows, cols,
-					     1, nm);
+		sm70__kt_label(c, glu ? "%dx%d glu" : "%dx%d", rows, cols);
+	if (glu)
+		gemv_tc_launch<2, 1, XF_NORM, 8, true>(c, y, 0, NULL, wh, rows, cols, 1, nm);
+	else if (mt2)
+		gemv_tc_pick<2, 1, XF_NORM>(c, four, y, 0, NULL, wh, rows, cols, 1, nm);
 	else
-		gemv_tc_pick<1, 1, XF_NORM>(c, four, y, 0, NULL, (const __half *)w->data, rows, cols,
-					     1, nm);
-	SM70_CUDA_LAUNCHED(be, "gemv_tc_kernel (norm)");
+		gemv_tc_pick<1, 1, XF_NORM>(c, four, y, 0, NULL, wh, rows, cols, 1, nm);
+	if (glu)
+		SM70_CUDA_LAUNCHED(be, "gemv_tc_kernel (norm, glu)");
+	else
+		SM70_CUDA_LAUNCHED(be, "gemv_tc_kernel (norm)");
 	if (c->kt)
 		sm70__kt_label(c, NULL);
 	return c->sticky ? -EIO : 0;

@@ -1,5 +1,6 @@
-/* test_cuda_fused - the fused CUDA ops (qk_norm_rope_kv, silu_matmul, add_rmsnorm_matmul)
- * against the CPU backend's separate ops and against the CUDA backend's own unfused ops. */
+/* test_cuda_fused - the fused CUDA ops (qk_norm_rope_kv, silu_matmul, add_rmsnorm_matmul,
+ * matmul_glu) against the CPU backend's separate ops and against the CUDA backend's own
+ * unfused ops. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -496,8 +497,9 @@ static void test_silu_matmul(void **state)
  * residual exactly), with and without an update and a kept residual; then the calls the
  * op must decline with nothing queued (two rows, an NVFP4-less reference backend).
  */
-static void norm_matmul_shape(int rows, int cols, int with_delta, int keep)
+static void norm_matmul_shape(int rows, int cols, int with_delta, int keep, int glu)
 {
+	const int ny = glu ? rows / 2 : rows; /* outputs */
 	float *wv = rvec16((size_t)rows * cols, 1.7f / sqrtf((float)cols));
 	float *res = rvec16(cols, 3.0f), *dl = rvec16(cols, 1.0f), *nw = rvec16(cols, 1.0f);
 	struct sm70_weight wc = mk_weight(cpu, wv, rows, cols);
@@ -507,6 +509,7 @@ static void norm_matmul_shape(int rows, int cols, int with_delta, int keep)
 	void *dc = up_act(cpu, dl, cols), *dg = up_act(gpu, dl, cols);
 	void *nc, *ng, *xc = balloc(cpu, cols * 4), *xg = balloc(gpu, cols * 2);
 	void *oc = balloc(cpu, rows * 4), *of = balloc(gpu, rows * 2), *ou = balloc(gpu, rows * 2);
+	void *gc = balloc(cpu, ny * 4), *gu = balloc(gpu, ny * 2);
 	float *yc = fvec(rows), *yf = fvec(rows), *r_c = fvec(cols), *r_f = fvec(cols);
 	float *r_u = fvec(cols);
 	uint16_t *hf, *hu;
@@ -519,21 +522,29 @@ static void norm_matmul_shape(int rows, int cols, int with_delta, int keep)
 	cpu->ops->add_rmsnorm(cpu, xc, rc, with_delta ? dc : NULL, nc, 1, cols, 1e-6f);
 	cpu->ops->matmul(cpu, oc, 1, xc, &wc, 1);
 	assert_int_equal(gpu->ops->add_rmsnorm_matmul(gpu, of, keep ? ro : NULL, rg,
-						      with_delta ? dg : NULL, ng, 1e-6f, &wg, 1),
+						      with_delta ? dg : NULL, ng, 1e-6f, &wg, 1,
+						      glu),
 			 0);
 	gpu->ops->add_rmsnorm(gpu, xg, rg2, with_delta ? dg : NULL, ng, 1, cols, 1e-6f);
 	gpu->ops->matmul(gpu, ou, 0, xg, &wg, 1);
-	get_bytes(cpu, yc, oc, rows * 4);
-	get_act(gpu, yf, of, rows);
-	hf = get_f16_codes(gpu, of, rows);
-	hu = get_f16_codes(gpu, ou, rows);
-	printf(" add_rmsnorm_matmul %dx%d %s%s\n", rows, cols,
+	if (glu) { /* the separate ops' silu_mul: the CPU's in f32, CUDA's of the f16 rows */
+		cpu->ops->silu_mul(cpu, gc, oc, 1, ny);
+		gpu->ops->silu_mul(gpu, gu, ou, 1, ny);
+	}
+	get_bytes(cpu, yc, glu ? gc : oc, ny * 4);
+	get_act(gpu, yf, of, ny);
+	hf = get_f16_codes(gpu, of, ny);
+	hu = get_f16_codes(gpu, glu ? gu : ou, ny);
+	printf(" add_rmsnorm_matmul %dx%d %s%s%s\n", rows, cols,
 	       with_delta ? "with an update" : "first block (no update)",
-	       keep ? ", residual kept" : "");
-	snprintf(what, sizeof(what), "fused vs cpu add_rmsnorm+matmul");
-	compare_values(what, yf, yc, rows, TOL_F16_OUT);
-	compare_codes("fused vs cuda add_rmsnorm+matmul (same x, same tiles)", hf, hu, rows, 0,
-		      TOL_ULP);
+	       keep ? ", residual kept" : "", glu ? ", glu" : "");
+	snprintf(what, sizeof(what), "fused vs cpu add_rmsnorm+matmul%s", glu ? "+silu_mul" : "");
+	compare_values(what, yf, yc, ny, glu ? TOL_SILU_MM : TOL_F16_OUT);
+	/* the GLU form runs two tiles a warp, as the plain kernel does on tall matrices */
+	if (!glu || rows >= 24576)
+		compare_codes(glu ? "fused vs cuda add_rmsnorm+matmul+silu_mul (same tiles)" :
+				    "fused vs cuda add_rmsnorm+matmul (same x, same tiles)",
+			      hf, hu, ny, 0, TOL_ULP);
 	if (keep) {
 		get_bytes(cpu, r_c, rc, cols * 4);
 		get_bytes(gpu, r_f, ro, cols * 4);
@@ -551,7 +562,7 @@ static void norm_matmul_shape(int rows, int cols, int with_delta, int keep)
 	}
 	free(hu), free(hf);
 	free(r_u), free(r_f), free(r_c), free(yf), free(yc);
-	bfree(gpu, ou), bfree(gpu, of), bfree(cpu, oc), bfree(gpu, xg), bfree(cpu, xc);
+	bfree(gpu, gu), bfree(cpu, gc), bfree(gpu, ou), bfree(gpu, of), bfree(cpu, oc), bfree(gpu, xg), bfree(cpu, xc);
 	bfree(gpu, ng), bfree(cpu, nc), bfree(gpu, dg), bfree(cpu, dc);
 	bfree(gpu, ro), bfree(gpu, rg2), bfree(gpu, rg), bfree(cpu, rc);
 	bfree(gpu, wg.data), bfree(cpu, wc.data);
@@ -568,29 +579,116 @@ static void test_add_rmsnorm_matmul(void **state)
 	assert_non_null(gpu->ops->add_rmsnorm_matmul);
 	/* Qwen3-8B's qkv and gate_up (two tiles a warp), Qwen3.5-27B's hidden, odd shapes: a
 	 * partial 64-column step and a partial row tile */
-	norm_matmul_shape(6144, 4096, 1, 1);
-	norm_matmul_shape(24576, 4096, 1, 1);
-	norm_matmul_shape(6144, 4096, 0, 1);
-	norm_matmul_shape(1000, 5120, 1, 0);
-	norm_matmul_shape(33, 520, 1, 1);
-	norm_matmul_shape(100, 8192, 1, 1);
+	norm_matmul_shape(6144, 4096, 1, 1, 0);
+	norm_matmul_shape(24576, 4096, 1, 1, 0);
+	norm_matmul_shape(6144, 4096, 0, 1, 0);
+	norm_matmul_shape(1000, 5120, 1, 0, 0);
+	norm_matmul_shape(33, 520, 1, 1, 0);
+	norm_matmul_shape(100, 8192, 1, 1, 0);
+	/* with the GLU epilogue: Qwen3-8B's gate_up, a partial tile in each half */
+	norm_matmul_shape(24576, 4096, 1, 1, 1);
+	norm_matmul_shape(24576, 4096, 0, 0, 1);
+	norm_matmul_shape(2 * 1000, 520, 1, 1, 1);
 	/* declined with nothing queued: two rows, cols past 8192 or not a multiple of 8,
 	 * the residual written over itself */
-	assert_int_equal(gpu->ops->add_rmsnorm_matmul(gpu, y, o, r, NULL, nw, 1e-6f, &w, 2),
+	assert_int_equal(gpu->ops->add_rmsnorm_matmul(gpu, y, o, r, NULL, nw, 1e-6f, &w, 2, 0),
 			 -EOPNOTSUPP);
 	w.cols = 60;
-	assert_int_equal(gpu->ops->add_rmsnorm_matmul(gpu, y, o, r, NULL, nw, 1e-6f, &w, 1),
+	assert_int_equal(gpu->ops->add_rmsnorm_matmul(gpu, y, o, r, NULL, nw, 1e-6f, &w, 1, 0),
 			 -EOPNOTSUPP);
 	w.cols = 64;
-	assert_int_equal(gpu->ops->add_rmsnorm_matmul(gpu, y, r, r, NULL, nw, 1e-6f, &w, 1),
+	assert_int_equal(gpu->ops->add_rmsnorm_matmul(gpu, y, r, r, NULL, nw, 1e-6f, &w, 1, 0),
 			 -EINVAL);
 	/* the reference backend's matmul is the plain kernel: it declines, the caller runs
 	 * the two ops */
 	assert_true(!gpu_ref->ops->add_rmsnorm_matmul ||
-		    gpu_ref->ops->add_rmsnorm_matmul(gpu_ref, y, o, r, NULL, nw, 1e-6f, &w, 1) ==
+		    gpu_ref->ops->add_rmsnorm_matmul(gpu_ref, y, o, r, NULL, nw, 1e-6f, &w, 1, 0) ==
 			    -EOPNOTSUPP);
+	/* glu needs an even row count */
+	w.rows = 63;
+	assert_int_equal(gpu->ops->add_rmsnorm_matmul(gpu, y, o, r, NULL, nw, 1e-6f, &w, 1, 1),
+			 -EOPNOTSUPP);
+	w.rows = 64;
 	assert_int_equal(gpu->ops->sync(gpu), 0);
 	bfree(gpu, nw), bfree(gpu, y), bfree(gpu, o), bfree(gpu, r), bfree(gpu, w.data);
+	free(v);
+}
+
+/* ---- matmul_glu -------------------------------------------------------------------- */
+
+/*
+ * matmul_glu on one [gate; up] weight at each n: against the CPU's matmul + silu_mul
+ * (values) and against CUDA's (codes, where the plain GEMV also runs two 16-row tiles a
+ * warp: the same k-sums, so the same f16 rows before silu_mul; values elsewhere).
+ */
+static void glu_shape(int rows, int cols, const int *ns, int n_ns)
+{
+	const int inter = rows / 2;
+	float *wv = rvec16((size_t)rows * cols, 1.7f / sqrtf((float)cols));
+	struct sm70_weight wc = mk_weight(cpu, wv, rows, cols);
+	struct sm70_weight wg = mk_weight(gpu, wv, rows, cols);
+
+	free(wv);
+	for (int ni = 0; ni < n_ns; ni++) {
+		const int n = ns[ni];
+		const size_t nx = (size_t)n * cols, ng = (size_t)n * rows, ny = (size_t)n * inter;
+		float *xv = rvec16(nx, 1.0f), *yc = fvec(ny), *yf = fvec(ny), *yu = fvec(ny);
+		void *xc = up_act(cpu, xv, nx), *xg = up_act(gpu, xv, nx);
+		void *guc = balloc(cpu, ng * 4), *gug = balloc(gpu, ng * 2);
+		void *oc = balloc(cpu, ny * 4), *of = balloc(gpu, ny * 2), *ou = balloc(gpu, ny * 2);
+		const int same = rows >= 24576;
+		uint16_t *hf, *hu;
+
+		cpu->ops->matmul(cpu, guc, 0, xc, &wc, n);
+		cpu->ops->silu_mul(cpu, oc, guc, n, inter);
+		assert_int_equal(gpu->ops->matmul_glu(gpu, of, xg, &wg, n), 0);
+		gpu->ops->matmul(gpu, gug, 0, xg, &wg, n);
+		gpu->ops->silu_mul(gpu, ou, gug, n, inter);
+		get_bytes(cpu, yc, oc, ny * 4);
+		get_act(gpu, yf, of, ny);
+		get_act(gpu, yu, ou, ny);
+		hf = get_f16_codes(gpu, of, ny);
+		hu = get_f16_codes(gpu, ou, ny);
+		printf(" matmul_glu %dx%d n=%d\n", rows, cols, n);
+		compare_values("fused vs cpu matmul+silu_mul", yf, yc, ny, TOL_SILU_MM);
+		if (same)
+			compare_codes("fused vs cuda matmul+silu_mul (same tiles)", hf, hu, ny, 0,
+				      TOL_ULP);
+		else
+			compare_values("fused vs cuda matmul+silu_mul (other tiles)", yf, yu, ny,
+				       TOL_SILU_MM);
+		free(hu), free(hf);
+		bfree(gpu, ou), bfree(gpu, of), bfree(cpu, oc), bfree(gpu, gug), bfree(cpu, guc);
+		bfree(gpu, xg), bfree(cpu, xc);
+		free(yu), free(yf), free(yc), free(xv);
+	}
+	bfree(gpu, wg.data), bfree(cpu, wc.data);
+}
+
+static void test_matmul_glu(void **state)
+{
+	const int ns[] = { 1, 2, 4, 5, 8 };
+	float *v = rvec16(64 * 64, 0.1f);
+	struct sm70_weight w = mk_weight(gpu, v, 64, 64);
+	void *x = balloc(gpu, 16 * 64 * 2), *y = balloc(gpu, 16 * 64 * 2);
+
+	assert_non_null(gpu->ops->matmul_glu);
+	/* Qwen3-8B's and Qwen3-32B's gate_up (the column split on the 32B's), a partial
+	 * 64-column step and a partial row tile in each half */
+	glu_shape(24576, 4096, ns, 5);
+	glu_shape(51200, 5120, ns, 2);
+	glu_shape(2 * 1000, 520, ns, 5);
+	glu_shape(2 * 40, 136, ns, 5);
+	/* declined with nothing queued: more than 8 rows of x, an odd row count, the
+	 * reference backend */
+	assert_int_equal(gpu->ops->matmul_glu(gpu, y, x, &w, 9), -EOPNOTSUPP);
+	w.rows = 63;
+	assert_int_equal(gpu->ops->matmul_glu(gpu, y, x, &w, 1), -EOPNOTSUPP);
+	w.rows = 64;
+	assert_true(!gpu_ref->ops->matmul_glu ||
+		    gpu_ref->ops->matmul_glu(gpu_ref, y, x, &w, 1) == -EOPNOTSUPP);
+	assert_int_equal(gpu->ops->sync(gpu), 0);
+	bfree(gpu, y), bfree(gpu, x), bfree(gpu, w.data);
 	free(v);
 }
 
@@ -601,6 +699,7 @@ int main(void)
 		cmocka_unit_test(test_qk_fp8_encoder),
 		cmocka_unit_test(test_silu_matmul),
 		cmocka_unit_test(test_add_rmsnorm_matmul),
+		cmocka_unit_test(test_matmul_glu),
 	};
 
 	return gpu_test_main("test_cuda_fused", tests, sizeof(tests) / sizeof(tests[0]), &gpu,

@@ -1379,6 +1379,40 @@ static void test_silu_matmul_guard(void **state)
 	assert_int_equal(q, 0);
 }
 
+/* SM70_FUSED is a list of words: the load takes a good one and names a bad word. */
+static void test_fused_words(void **state)
+{
+	static const struct {
+		const char *env;
+		int ret, bits;
+	} cases[] = {
+		{ "default,glu", 0, SM70_FUSED_QK | SM70_FUSED_HC | SM70_FUSED_GLU },
+		{ "qk,norm", 0, SM70_FUSED_QK | SM70_FUSED_NORM },
+		{ "0", 0, 0 },
+		{ "1", 0, SM70_FUSED_ALL },
+		{ "default,bogus", -EINVAL, 0 },
+		{ "", -EINVAL, 0 },
+		{ "qk,", -EINVAL, 0 },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct sm70_err err = { { 0 } };
+		struct loaded L;
+		int ret;
+
+		setenv("SM70_FUSED", cases[i].env, 1);
+		ret = load(&L, QWEN3, 1, 0, &err);
+		unsetenv("SM70_FUSED");
+		printf("SM70_FUSED='%s': %d %s\n", cases[i].env, ret, ret ? err.msg : "");
+		assert_int_equal(ret, cases[i].ret);
+		if (ret == 0)
+			assert_int_equal(L.m->fused, cases[i].bits);
+		else
+			assert_non_null(strstr(err.msg, "unknown fusion"));
+		unload(&L);
+	}
+}
+
 /* ---- (e) dummy NVFP4 weights --------------------------------------------------------- */
 
 /* The root mean square of an NVFP4 matrix in the CPU's (ModelOpt's) layout. */
@@ -1681,6 +1715,7 @@ int main(void)
 		cmocka_unit_test(test_quant_configs),
 		cmocka_unit_test(test_backend_refusals),
 		cmocka_unit_test(test_silu_matmul_guard),
+		cmocka_unit_test(test_fused_words),
 		cmocka_unit_test(test_dummy),
 		cmocka_unit_test(test_dummy_experts),
 		cmocka_unit_test(test_bench_config),
