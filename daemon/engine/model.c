@@ -379,9 +379,11 @@ static int alloc_rank(struct sm70_model *m, int r, struct sm70_err *err)
  * SM70_FUSED: which of the backend's fused ops the engine uses, a comma-separated list
  * of qk (q/k norm + RoPE + cache write), hc (the one-token hyper-connection mixer), silu
  * (SwiGLU inside the down projection), norm (the residual add + RMSNorm inside the next
- * GEMV at one token), glu (SwiGLU as the gate/up GEMV's epilogue), default (qk and hc),
- * 1 (all) and 0 (none). Unset: default. The SwiGLU-into-down fusion measured slower
- * (its GEMV reads gate and up for every block: docs/PERFORMANCE.md); glu supersedes it.
+ * GEMV at one token), glu (SwiGLU as the gate/up GEMV's epilogue), default (qk, hc and
+ * glu), 1 (all) and 0 (none). Unset: default. Measured (docs/PERFORMANCE.md): glu 2-4%
+ * faster at B1-B8, the SwiGLU-into-down fusion much slower (its GEMV reads gate and up
+ * for every block; glu supersedes it), norm +0.5% on Qwen3-8B and 3% slower on
+ * Qwen3-32B (every block of every wave makes the norm before its x loads).
  */
 static int parse_fused(const char *env, int *out, struct sm70_err *err)
 {
@@ -389,7 +391,7 @@ static int parse_fused(const char *env, int *out, struct sm70_err *err)
 		const char *name;
 		int bits;
 	} words[] = {
-		{ "default", SM70_FUSED_QK | SM70_FUSED_HC }, { "qk", SM70_FUSED_QK },
+		{ "default", SM70_FUSED_DEFAULT }, { "qk", SM70_FUSED_QK },
 		{ "hc", SM70_FUSED_HC }, { "silu", SM70_FUSED_SILU }, { "norm", SM70_FUSED_NORM },
 		{ "glu", SM70_FUSED_GLU }, { "1", SM70_FUSED_ALL }, { "0", 0 },
 	};
@@ -397,7 +399,7 @@ static int parse_fused(const char *env, int *out, struct sm70_err *err)
 
 	*out = 0;
 	if (!env) {
-		*out = SM70_FUSED_QK | SM70_FUSED_HC;
+		*out = SM70_FUSED_DEFAULT;
 		return 0;
 	}
 	for (;;) {

@@ -126,7 +126,8 @@ struct sm70_arch_ops {
 };
 
 enum { SM70_FUSED_QK = 1, SM70_FUSED_SILU = 2, SM70_FUSED_HC = 4, SM70_FUSED_NORM = 8,
-       SM70_FUSED_GLU = 16, SM70_FUSED_ALL = 31 };
+       SM70_FUSED_GLU = 16, SM70_FUSED_ALL = 31,
+       SM70_FUSED_DEFAULT = SM70_FUSED_QK | SM70_FUSED_HC | SM70_FUSED_GLU };
 
 struct sm70_model {
 	struct sm70_model_config cfg;

@@ -16,8 +16,8 @@
  * to another expert, and a difference from there on ends the case (reported) instead of
  * failing it. SM70_KV_DTYPE selects the KV cache mode by engine.kv_dtype's words: fp8 (K
  * FP8-E4M3, V f16), fp8-all (both FP8), f16, f32. The cases run alone once more with
- * SM70_FUSED=default,norm,glu (the residual add + RMSNorm folded into the next matmul,
- * SwiGLU into the gate/up matmul).
+ * SM70_FUSED=default,norm,glu (the residual add + RMSNorm folded into the next matmul;
+ * glu, SwiGLU as the gate/up matmul's epilogue, is on by default).
  */
 #include <dirent.h>
 #include <jansson.h>
@@ -302,10 +302,9 @@ static void test_batched(void **state)
 	for_each_fixture(batched);
 }
 
-/* Alone again with the fusions not on by default: the residual add + RMSNorm folded into
+/* Alone again with the fusion not on by default: the residual add + RMSNorm folded into
  * the next matmul at one-token steps (norm: the engine's second residual and the
- * backend's add_rmsnorm_matmul) and SwiGLU as the gate/up matmul's epilogue (glu:
- * matmul_glu, and add_rmsnorm_matmul's glu form at one token), unless the caller chose
+ * backend's add_rmsnorm_matmul, in its glu form for a gate_up), unless the caller chose
  * the fusions. */
 static void test_alone_norm_fused(void **state)
 {

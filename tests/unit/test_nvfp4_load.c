@@ -1386,7 +1386,8 @@ static void test_fused_words(void **state)
 		const char *env;
 		int ret, bits;
 	} cases[] = {
-		{ "default,glu", 0, SM70_FUSED_QK | SM70_FUSED_HC | SM70_FUSED_GLU },
+		{ "default", 0, SM70_FUSED_QK | SM70_FUSED_HC | SM70_FUSED_GLU },
+		{ "qk,hc", 0, SM70_FUSED_QK | SM70_FUSED_HC },
 		{ "qk,norm", 0, SM70_FUSED_QK | SM70_FUSED_NORM },
 		{ "0", 0, 0 },
 		{ "1", 0, SM70_FUSED_ALL },

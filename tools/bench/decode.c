@@ -148,8 +148,10 @@ static void print_kernel_times(int steps, const char *prefix, int batch, int ctx
 	fflush(stdout);
 }
 
-/* One configuration on an open engine: returns 0 and fills tokens/s and bytes per step.
- * Leaves the engine idle. */
+/* One configuration on an open engine: returns 0 and fills tokens/s and bytes per step,
+ * or 1 (nothing filled) when the KV pool cannot hold every sequence at once: the engine
+ * would run fewer, preempting, and the row would be a smaller batch's at a roofline it
+ * does not have. Leaves the engine idle. */
 static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int batch, int ctx,
 		   int steps, double *tps, double *step_bytes, double *host_us)
 {
@@ -192,6 +194,19 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
 			goto out;
 	*tps = c.tokens / (sm70__cli_now_s() - t0);
+	ret = 0;
+	{
+		struct sm70_engine_stats st1;
+
+		sm70_engine_get_stats(e, &st1);
+		if (st0.running < batch || st1.preemptions != st0.preemptions) {
+			printf("%6d %7d   skipped: the KV pool (%.1f GiB) holds %d of the %d "
+			       "sequences (%llu preemptions while timed); raise --kv-gib\n",
+			       batch, ctx, (double)st1.kv_bytes / (1u << 30), st0.running, batch,
+			       (unsigned long long)(st1.preemptions - st0.preemptions));
+			ret = 1;
+		}
+	}
 	if (kt.on)
 		take_kernel_times();
 	{
@@ -231,13 +246,17 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 		/* MoE: the experts the last timed step's routing read (distinct per layer) */
 		*step_bytes += (double)st.expert_bytes;
 	}
-	while (sm70_engine_busy(e))
-		if ((ret = sm70_engine_step(e, on_event, &c)) < 0)
+	while (sm70_engine_busy(e)) {
+		int r = sm70_engine_step(e, on_event, &c);
+
+		if (r < 0) {
+			ret = r;
 			goto out;
-	ret = 0;
+		}
+	}
 out:
 	free(prompt);
-	return ret < 0 ? ret : 0;
+	return ret < 0 ? ret : ret == 1;
 }
 
 int sm70__bench_decode(int argc, char **argv)
@@ -336,7 +355,14 @@ int sm70__bench_decode(int argc, char **argv)
 	for (int i = 0; i < n_b; i++) {
 		for (int j = 0; j < n_c; j++) {
 			double tps = 0, bytes = 0, host_us = 0;
-			if (run_one(e, &eo, batches[i], ctxs[j], steps, &tps, &bytes, &host_us)) {
+			int rc = run_one(e, &eo, batches[i], ctxs[j], steps, &tps, &bytes,
+					 &host_us);
+
+			if (rc == 1) { /* the line says why */
+				fflush(stdout);
+				continue;
+			}
+			if (rc) {
 				sm70_engine_close(e);
 				return 1;
 			}
