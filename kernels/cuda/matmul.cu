@@ -24,12 +24,15 @@
  *   slices of 16 rows of x, 8 warps, no column split.
  *
  * The tensor-core kernel also serves silu_matmul.cu (sm70__cuda_gemv_tc_silu): the same
- * tiles with x = silu(gate) * up made while each step is staged.
+ * tiles with x = silu(gate) * up made while each step is staged; add_rmsnorm_matmul (x
+ * the RMSNorm of the residual plus an update, made by each block); and matmul_glu (a
+ * block's two tiles are gate and up rows, and it writes silu(gate) * up). Where the row
+ * tiles leave the last wave of blocks mostly empty, the columns are split over blocks
+ * too (gemv_split), the last block of a tile adding the partial sums.
  *
  * NVFP4 weights go to matmul_nvfp4.cu.
  *
- * Non-goals: other quantised weights; split-K across blocks (the grid is sized by rows alone,
- * which fills an H200 from 4096 rows on).
+ * Non-goals: other quantised weights.
  */
 #include <mma.h>
 #include <stdint.h>
@@ -384,7 +387,8 @@ static __device__ __forceinline__ void gemv_store(void *y, int y_f32, int rows, 
 		const int half = rows / 2;
 
 		if (r0 + rr < half)
-			((__half *)y)[(size_t)j * half + r0 + rr] = glu_out(get(rr, j), get(16 + rr, j));
+			((__half *)y)[(size_t)j * half + r0 + rr] =
+				glu_out(get(rr, j), get(16 + rr, j));
 		return;
 	}
 	if (r0 + rr >= rows)
@@ -419,6 +423,7 @@ static __global__ void __launch_bounds__(WARPS * 32,
 	const int sub = lane >> 3, chunk = lane & 7;
 	/* GLU: the first gate row (its up row is half further); else the first row */
 	const int r0 = blockIdx.x * (GLU ? 16 : 16 * MT);
+	constexpr int OUTS = GLU ? 16 : 16 * MT; /* outputs a block writes for each row of x */
 	/* split (gridDim.y) > 1: this block takes split blockIdx.y of the column steps */
 	const int split = (int)gridDim.y, nsteps = (cols + TC_KS - 1) / TC_KS;
 	const int q0 = (int)blockIdx.y * nsteps / split;
@@ -567,8 +572,8 @@ static __global__ void __launch_bounds__(WARPS * 32,
 			return;
 		__threadfence();
 		/* GLU: an output takes two partial sums (gate, up), so 16 outputs a row */
-		for (int idx = threadIdx.x; idx < n * (GLU ? 16 : 16 * MT); idx += WARPS * 32) {
-			const int j = idx / (GLU ? 16 : 16 * MT), rr = idx - j * (GLU ? 16 : 16 * MT);
+		for (int idx = threadIdx.x; idx < n * OUTS; idx += WARPS * 32) {
+			const int j = idx / OUTS, rr = idx - j * OUTS;
 
 			gemv_store<MT, GLU>(y, y_f32, rows, r0, rr, j, [&](int t, int jj) {
 				float sum = 0.0f;
@@ -584,8 +589,8 @@ static __global__ void __launch_bounds__(WARPS * 32,
 			count[blockIdx.x] = 0;
 		return;
 	}
-	for (int idx = threadIdx.x; idx < n * (GLU ? 16 : 16 * MT); idx += WARPS * 32) {
-		const int j = idx / (GLU ? 16 : 16 * MT), rr = idx - j * (GLU ? 16 : 16 * MT);
+	for (int idx = threadIdx.x; idx < n * OUTS; idx += WARPS * 32) {
+		const int j = idx / OUTS, rr = idx - j * OUTS;
 
 		gemv_store<MT, GLU>(y, y_f32, rows, r0, rr, j, [&](int t, int jj) {
 			return tc_block_sum<MT, WARPS>(tc_smem, t, jj);

@@ -562,7 +562,8 @@ static void norm_matmul_shape(int rows, int cols, int with_delta, int keep, int 
 	}
 	free(hu), free(hf);
 	free(r_u), free(r_f), free(r_c), free(yf), free(yc);
-	bfree(gpu, gu), bfree(cpu, gc), bfree(gpu, ou), bfree(gpu, of), bfree(cpu, oc), bfree(gpu, xg), bfree(cpu, xc);
+	bfree(gpu, gu), bfree(cpu, gc), bfree(gpu, ou), bfree(gpu, of), bfree(cpu, oc);
+	bfree(gpu, xg), bfree(cpu, xc);
 	bfree(gpu, ng), bfree(cpu, nc), bfree(gpu, dg), bfree(cpu, dc);
 	bfree(gpu, ro), bfree(gpu, rg2), bfree(gpu, rg), bfree(cpu, rc);
 	bfree(gpu, wg.data), bfree(cpu, wc.data);
