@@ -4,6 +4,7 @@
  * workspace, and the upload/forward/download of one eager step on every rank. Weights
  * are weights.c's, captured decode steps graphs.c's, the layers layers.c's.
  */
+#include "common/words.h"
 #include "daemon/engine/model_internal.h"
 #include "daemon/engine/ple.h"
 
@@ -387,37 +388,26 @@ static int alloc_rank(struct sm70_model *m, int r, struct sm70_err *err)
  */
 static int parse_fused(const char *env, int *out, struct sm70_err *err)
 {
-	static const struct {
-		const char *name;
-		int bits;
-	} words[] = {
+	static const struct sm70_word words[] = {
 		{ "default", SM70_FUSED_DEFAULT }, { "qk", SM70_FUSED_QK },
-		{ "hc", SM70_FUSED_HC }, { "silu", SM70_FUSED_SILU }, { "norm", SM70_FUSED_NORM },
-		{ "glu", SM70_FUSED_GLU }, { "1", SM70_FUSED_ALL }, { "0", 0 },
+		{ "hc", SM70_FUSED_HC },	   { "silu", SM70_FUSED_SILU },
+		{ "norm", SM70_FUSED_NORM },	   { "glu", SM70_FUSED_GLU },
+		{ "1", SM70_FUSED_ALL },	   { "0", 0 },
 	};
-	const char *p = env;
+	const char *bad;
+	size_t bad_len;
+	unsigned bits;
 
-	*out = 0;
 	if (!env) {
 		*out = SM70_FUSED_DEFAULT;
 		return 0;
 	}
-	for (;;) {
-		size_t len = strcspn(p, ",");
-		size_t i;
-
-		for (i = 0; i < sizeof(words) / sizeof(words[0]); i++)
-			if (strlen(words[i].name) == len && strncmp(p, words[i].name, len) == 0)
-				break;
-		if (i == sizeof(words) / sizeof(words[0]))
-			return sm70_errf(err, -EINVAL, "SM70_FUSED=%s: unknown fusion '%.*s' (a "
-					 "comma-separated list of default, qk, hc, silu, norm, "
-					 "glu, 1, 0)", env, (int)len, p);
-		*out |= words[i].bits;
-		if (!p[len])
-			return 0;
-		p += len + 1;
-	}
+	if (sm70_words_bits(env, words, sizeof(words) / sizeof(words[0]), &bits, &bad, &bad_len))
+		return sm70_errf(err, -EINVAL, "SM70_FUSED=%s: unknown fusion '%.*s' (a "
+				 "comma-separated list of default, qk, hc, silu, norm, glu, 1, 0)",
+				 env, (int)bad_len, bad);
+	*out = (int)bits;
+	return 0;
 }
 
 int sm70_model_load_tp(struct sm70_model **out, const struct sm70_ckpt *ck,

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/words.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/pdl.h"
 
@@ -389,10 +390,7 @@ static int wants_reference(const char *name)
  * launches"). */
 static unsigned want_pdl(void)
 {
-	static const struct {
-		const char *name;
-		unsigned bits;
-	} kinds[] = {
+	static const struct sm70_word kinds[] = {
 		{ "prefetch", SM70__PDL_PREFETCH }, { "experts", SM70__PDL_EXPERTS },
 		{ "norm", SM70__PDL_NORM },	    { "rope", SM70__PDL_ROPE },
 		{ "attention", SM70__PDL_ATTN },    { "merge", SM70__PDL_MERGE },
@@ -402,25 +400,15 @@ static unsigned want_pdl(void)
 		{ "plain", SM70__PDL_PLAIN },	    { "all", ~0u },
 		{ "0", 0 },
 	};
-	const char *v = getenv("SM70_PDL");
-	unsigned bits = 0;
+	const char *v = getenv("SM70_PDL"), *bad;
+	size_t bad_len;
+	unsigned bits;
 
 	if (!v || !*v)
 		return SM70__PDL_PREFETCH | SM70__PDL_EXPERTS;
-	for (const char *p = v; *p;) {
-		size_t n = strcspn(p, ",");
-		size_t i;
-
-		for (i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
-			if (strlen(kinds[i].name) == n && strncmp(p, kinds[i].name, n) == 0)
-				break;
-		if (i == sizeof(kinds) / sizeof(kinds[0]))
-			fprintf(stderr, "sm70 cuda: SM70_PDL: kind '%.*s' not known, ignored\n",
-				(int)n, p);
-		else
-			bits |= kinds[i].bits;
-		p += n + (p[n] == ',');
-	}
+	if (sm70_words_bits(v, kinds, sizeof(kinds) / sizeof(kinds[0]), &bits, &bad, &bad_len))
+		fprintf(stderr, "sm70 cuda: SM70_PDL: kind '%.*s' not known, ignored (and any "
+			"after it that is not known)\n", (int)bad_len, bad);
 	fprintf(stderr, "sm70 cuda: SM70_PDL=%s: %s\n", v,
 		bits ? "overlapped launches for those kinds" : "every launch fully ordered");
 	return bits;
