@@ -183,18 +183,27 @@ static void norm_into_y(struct sm70_model *m, int r, struct sm70__work *w, const
 
 /* Before a block: the pending update (none before the first block) joins the residual
  * and the block's input is its norm. With SM70_FUSED=norm, a one-token step and a block
- * whose input feeds only its first matmul (next: that matmul's weight, else NULL), the
- * work is left to that matmul (block_matmul_in). */
+ * whose input feeds only its first matmul (alone), the work is left to that matmul
+ * (block_matmul_in). */
 static void residual_in(struct sm70_model *m, int r, struct sm70__work *w, int first,
-			const float *norm, const struct sm70_weight *next)
+			const float *norm, int alone)
 {
-	if (next && w->resid_alt && m->rank[r].be->ops->add_rmsnorm_matmul &&
+	if (alone && w->resid_alt && m->rank[r].be->ops->add_rmsnorm_matmul &&
 	    m->rank[r].batch.n_tokens == 1) {
 		w->pend_norm = norm;
 		w->pend_first = first;
 		return;
 	}
 	norm_into_y(m, r, w, first ? NULL : w->delta, norm);
+}
+
+/* After a fused add_rmsnorm_matmul: the updated residual is in the other buffer. */
+static void swap_residual(struct sm70__work *w)
+{
+	float *t = w->resid;
+
+	w->resid = w->resid_alt;
+	w->resid_alt = t;
 }
 
 /* A block's first matmul, y_out = norm(input) W^T, and with glu_out (the gated MLP's
@@ -211,21 +220,18 @@ static void block_matmul_in(struct sm70_model *m, int r, struct sm70__work *w, v
 
 	if (w->pend_norm) {
 		const float *norm = w->pend_norm;
-		float *resid = w->resid;
 		const void *delta = w->pend_first ? NULL : w->delta;
 		float eps = m->cfg.rms_norm_eps;
 
 		w->pend_norm = NULL;
-		if (glu_out && op->add_rmsnorm_matmul(be, glu_out, w->resid_alt, resid, delta,
+		if (glu_out && op->add_rmsnorm_matmul(be, glu_out, w->resid_alt, w->resid, delta,
 						      norm, eps, W, T, 1) == 0) {
-			w->resid = w->resid_alt;
-			w->resid_alt = resid;
+			swap_residual(w);
 			return;
 		}
-		if (op->add_rmsnorm_matmul(be, y_out, w->resid_alt, resid, delta, norm, eps, W, T,
-					   0) == 0) {
-			w->resid = w->resid_alt;
-			w->resid_alt = resid;
+		if (op->add_rmsnorm_matmul(be, y_out, w->resid_alt, w->resid, delta, norm, eps, W,
+					   T, 0) == 0) {
+			swap_residual(w);
 		} else {
 			norm_into_y(m, r, w, delta, norm);
 			op->matmul(be, y_out, 0, w->y, W, T);
@@ -439,10 +445,7 @@ void sm70__decoder_forward(struct sm70_model *m)
 		int gdn = m->cfg.layer_kind[l] == SM70_LAYER_GDN;
 
 		for (int r = 0; r < m->tp; r++) {
-			const struct sm70_layer_weights *L = sm70__layer_of(m, r, l);
-
-			residual_in(m, r, &w[r], l == 0, L->mixer_norm,
-				    gdn ? &L->gdn.in_proj : &L->attn.qkv);
+			residual_in(m, r, &w[r], l == 0, sm70__layer_of(m, r, l)->mixer_norm, 1);
 			if (gdn)
 				sm70__gdn_block(m, r, l, &w[r]);
 			else
@@ -450,12 +453,10 @@ void sm70__decoder_forward(struct sm70_model *m)
 		}
 		sm70__reduce_delta(m, w, T);
 		for (int r = 0; r < m->tp; r++) {
-			const struct sm70_layer_weights *L = sm70__layer_of(m, r, l);
-
 			/* an MoE block reads its input in the router, the experts and the
 			 * shared expert: never fused */
-			residual_in(m, r, &w[r], 0, L->mlp_norm,
-				    m->cfg.layer_moe[l] ? NULL : &L->mlp.gate_up);
+			residual_in(m, r, &w[r], 0, sm70__layer_of(m, r, l)->mlp_norm,
+				    !m->cfg.layer_moe[l]);
 			sm70__ffn_block(m, r, l, &w[r]);
 		}
 		sm70__reduce_delta(m, w, T);

@@ -155,7 +155,7 @@ static void print_kernel_times(int steps, const char *prefix, int batch, int ctx
 static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int batch, int ctx,
 		   int steps, double *tps, double *step_bytes, double *host_us)
 {
-	struct sm70_engine_stats st0;
+	struct sm70_engine_stats st0, st1;
 	struct sm70_err err = { { 0 } };
 	struct count c = { 0, 0 };
 	int32_t *prompt;
@@ -195,27 +195,19 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 			goto out;
 	*tps = c.tokens / (sm70__cli_now_s() - t0);
 	ret = 0;
-	{
-		struct sm70_engine_stats st1;
-
-		sm70_engine_get_stats(e, &st1);
-		if (st0.running < batch || st1.preemptions != st0.preemptions) {
-			printf("%6d %7d   skipped: the KV pool (%.1f GiB) holds %d of the %d "
-			       "sequences (%llu preemptions while timed); raise --kv-gib\n",
-			       batch, ctx, (double)st1.kv_bytes / (1u << 30), st0.running, batch,
-			       (unsigned long long)(st1.preemptions - st0.preemptions));
-			ret = 1;
-		}
+	sm70_engine_get_stats(e, &st1);
+	if (st0.running < batch || st1.preemptions != st0.preemptions) {
+		printf("%6d %7d   skipped: the KV pool (%.1f GiB) holds %d of the %d sequences "
+		       "(%llu preemptions while timed); raise --kv-gib\n",
+		       batch, ctx, (double)st1.kv_bytes / (1u << 30), st0.running, batch,
+		       (unsigned long long)(st1.preemptions - st0.preemptions));
+		ret = 1;
+		goto drain;
 	}
 	if (kt.on)
 		take_kernel_times();
-	{
-		struct sm70_engine_stats st1;
-
-		sm70_engine_get_stats(e, &st1);
-		*host_us = (double)((st1.step_ns - st0.step_ns) - (st1.forward_ns - st0.forward_ns)) /
-			   1e3 / steps;
-	}
+	*host_us = (double)((st1.step_ns - st0.step_ns) - (st1.forward_ns - st0.forward_ns)) / 1e3 /
+		   steps;
 	{
 		const struct sm70_model_config *mc = sm70_engine_model_config(e);
 		int kv_heads = mc->n_kv_heads < eo->tp ? eo->tp : mc->n_kv_heads;
@@ -223,12 +215,10 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 								    eo->kv_dtype;
 		double kv_tok = (double)mc->n_attn_layers * kv_heads * mc->head_dim *
 				(double)(sm70_dtype_size(eo->kv_dtype) + sm70_dtype_size(v_dt));
-		struct sm70_engine_stats st;
 		double slot = 0;
-		sm70_engine_get_stats(e, &st);
 		/* a recurrent-state slot is read and written once per decode step */
-		if (st.state_slots_total)
-			slot = (double)st.state_bytes / (st.state_slots_total + 1);
+		if (st1.state_slots_total)
+			slot = (double)st1.state_bytes / (st1.state_slots_total + 1);
 		/* mean context over the timed steps */
 		double pos = ctx + warm + steps / 2.0, seen = pos;
 		if (mc->arch == SM70_ARCH_QWEN4_EXP) {
@@ -242,10 +232,11 @@ static int run_one(struct sm70_engine *e, const struct sm70_engine_opts *eo, int
 		} else {
 			*step_bytes = 0;
 		}
-		*step_bytes += (double)st.weight_bytes + batch * kv_tok * seen + batch * 2.0 * slot;
+		*step_bytes += (double)st1.weight_bytes + batch * kv_tok * seen + batch * 2.0 * slot;
 		/* MoE: the experts the last timed step's routing read (distinct per layer) */
-		*step_bytes += (double)st.expert_bytes;
+		*step_bytes += (double)st1.expert_bytes;
 	}
+drain:
 	while (sm70_engine_busy(e)) {
 		int r = sm70_engine_step(e, on_event, &c);
 
